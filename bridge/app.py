@@ -1,0 +1,197 @@
+"""The composition root: open everything, run the loops in one TaskGroup, close in reverse."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+import structlog
+from aiogram import Bot
+from aiogram.client.session.aiohttp import AiohttpSession
+from aiogram.client.telegram import TelegramAPIServer
+from aiogram.exceptions import TelegramNetworkError, TelegramServerError, TelegramUnauthorizedError
+from aiogram.types import BotCommand, User
+
+import eve_client as eve
+from diskqueue import Database, DiskQueue
+
+from . import log, systemd
+from .config import Settings
+from .ingest import Ingest
+from .metrics import METRICS
+from .sender import Sender
+from .store import Store
+from .texts import t
+from .worker import Scheduler
+
+__all__ = ["Bridge", "make_bot", "run"]
+
+logger = log.get("bridge.app")
+
+
+def make_bot(settings: Settings) -> Bot:
+    """aiogram's Bot against ``IVA_TELEGRAM_API_URL`` (``{base}/bot{token}/{method}``)."""
+    session = AiohttpSession(api=TelegramAPIServer.from_base(settings.telegram_api_url))
+    return Bot(settings.telegram_token, session=session)
+
+
+class _Shutdown(Exception):
+    pass
+
+
+class Bridge:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.stop = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """A background task we keep a reference to (never fire-and-forget)."""
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _get_me(self, bot: Bot) -> User:
+        failures = 0
+        while True:
+            try:
+                return await bot.get_me()
+            except (TelegramNetworkError, TelegramServerError) as exc:
+                failures += 1
+                logger.warning("telegram_unreachable_at_start", error=str(exc))
+                await asyncio.sleep(min(30.0, 0.5 * 2**failures))
+
+    async def _learn_window(self, client: eve.EveClient, scheduler: Scheduler) -> None:
+        if self.settings.context_window:
+            return
+        failures = 0
+        while True:
+            try:
+                scheduler.window = (await client.info()).context_window_tokens
+                logger.info("eve_window_learned", window=scheduler.window, threshold=scheduler.threshold())
+                return
+            except eve.EveError as exc:
+                failures += 1
+                logger.warning("eve_info_failed", error=str(exc))
+                await asyncio.sleep(min(60.0, 2.0**failures))
+
+    async def _commands(self, bot: Bot) -> None:
+        for lang in ("en", "ru"):
+            commands = [
+                BotCommand(command="new", description=t("cmd_new", lang)),
+                BotCommand(command="status", description=t("cmd_status", lang)),
+                BotCommand(command="help", description=t("cmd_help", lang)),
+            ]
+            try:
+                await bot.set_my_commands(commands, language_code=lang)
+                if lang == self.settings.lang:
+                    await bot.set_my_commands(commands)
+            except Exception as exc:
+                logger.warning("set_my_commands_failed", error=str(exc))
+
+    async def _watchdog(self) -> None:
+        interval = systemd.watchdog_interval()
+        if interval is None:
+            return
+        while True:
+            systemd.notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    async def run(self) -> None:
+        s = self.settings
+        async with contextlib.AsyncExitStack() as stack:
+            db = await Database(s.db_path).open()
+            stack.push_async_callback(db.close)
+            queue, store = DiskQueue(db), Store(db)
+            await queue.migrate()
+            await store.migrate()
+            requeued = await self._normalise(db, queue, store)
+
+            bot = make_bot(s)
+            stack.push_async_callback(bot.session.close)
+            client = eve.EveClient(
+                s.eve_url, token=s.eve_token,
+                on_malformed=lambda _sid, _line: METRICS.malformed.inc(),
+            )
+            await stack.enter_async_context(client)
+
+            me = await self._get_me(bot)
+            structlog.contextvars.clear_contextvars()
+            logger.info("bridge_starting", bot=me.username, policy=s.turn_policy, state=str(s.db_path),
+                        requeued=requeued)
+            sender = Sender(bot, store)
+            scheduler = Scheduler(settings=s, eve_client=client, queue=queue, store=store,
+                                  sender=sender, spawn=self.spawn)
+            stack.push_async_callback(scheduler.close)
+
+            async def status_text(address: str, lang: str) -> str:
+                return await self.status_text(store, queue, scheduler, address, lang)
+
+            ingest = Ingest(bot=bot, me=me, settings=s, queue=queue, store=store, sender=sender,
+                            wake=scheduler.wake, status_text=status_text, spawn=self.spawn)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop.set)
+
+            recovered = await scheduler.recover()
+            self.spawn(self._commands(bot))
+            self.spawn(self._learn_window(client, scheduler))
+            systemd.notify("READY=1", f"STATUS=serving @{me.username}")
+            logger.info("bridge_ready", recovering=recovered)
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(ingest.run(), name="ingest")
+                    group.create_task(self._watchdog(), name="watchdog")
+                    group.create_task(self._stop_watcher(), name="stop")
+            except* _Shutdown:
+                pass
+            systemd.notify("STOPPING=1")
+            logger.info("bridge_stopping")
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        logger.info("bridge_stopped")
+
+    async def _stop_watcher(self) -> None:
+        await self.stop.wait()
+        raise _Shutdown
+
+    async def _normalise(self, db: Database, queue: DiskQueue, store: Store) -> int:
+        """At start: in-flight rows of chats that are not busy go back to the queue."""
+        rows = await db.fetchall(
+            "SELECT DISTINCT m.address FROM diskqueue_messages m LEFT JOIN chats c ON c.address = m.address "
+            "WHERE m.state = 1 AND (c.status IS NULL OR c.status != 'busy')"
+        )
+        count = 0
+        for row in rows:
+            count += await queue.requeue_inflight(row["address"])
+        return count
+
+    async def status_text(self, store: Store, queue: DiskQueue, scheduler: Scheduler, address: str, lang: str) -> str:
+        chat = await store.chat(address)
+        queued = await queue.depth(address)
+        if chat is None:
+            return t("status", lang, session=t("status_no_session", lang), state=t("status_idle", lang),
+                     queued=queued, measure=t("status_unknown", lang), threshold=scheduler.threshold())
+        session = chat.eve_session if chat.eve_session and not chat.reset_mark else t("status_no_session", lang)
+        if chat.busy and chat.busy_since:
+            state = t("status_busy", lang, seconds=int(time.time() - chat.busy_since))
+        else:
+            state = t("status_idle", lang)
+        measure = f"{chat.measurement:,}".replace(",", " ") if chat.measurement is not None else t("status_unknown", lang)
+        threshold = f"{scheduler.threshold():,}".replace(",", " ")
+        return t("status", lang, session=session, state=state, queued=queued, measure=measure, threshold=threshold)
+
+
+async def run(settings: Settings) -> int:
+    try:
+        await Bridge(settings).run()
+    except TelegramUnauthorizedError:
+        logger.error("telegram_token_rejected")
+        return 3
+    return 0

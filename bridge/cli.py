@@ -1,0 +1,98 @@
+"""``iva run`` and ``iva check`` (also ``python -m bridge …``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from aiogram.exceptions import TelegramAPIError, TelegramNetworkError, TelegramUnauthorizedError
+
+import eve_client as eve
+
+from . import log
+from .config import ConfigError, Settings
+
+__all__ = ["main"]
+
+EXIT_CONFIG = 2
+EXIT_UNREACHABLE = 3
+
+
+async def _check(settings: Settings) -> int:
+    from .app import make_bot
+
+    problems: list[str] = []
+    warnings: list[str] = []
+    bot = make_bot(settings)
+    try:
+        me = await bot.get_me(request_timeout=10)
+        print(f"ok   telegram: @{me.username} (id {me.id}) at {settings.telegram_api_url}")
+    except TelegramUnauthorizedError:
+        problems.append("telegram: the bot token was rejected (IVA_TELEGRAM_TOKEN)")
+    except TelegramNetworkError as exc:
+        problems.append(f"telegram: cannot reach {settings.telegram_api_url}: {exc.message}")
+    except TelegramAPIError as exc:
+        problems.append(f"telegram: getMe failed: {exc.message}")
+    finally:
+        await bot.session.close()
+
+    async with eve.EveClient(settings.eve_url, token=settings.eve_token,
+                             retry=eve.RetryPolicy(attempts=2, deadline=10)) as client:
+        try:
+            health = await client.health()
+            if health.ok:
+                print(f"ok   eve: {settings.eve_url} is {health.status or 'up'}")
+            else:
+                problems.append(f"eve: {settings.eve_url} says it is not ready ({health.status})")
+        except eve.EveError as exc:
+            problems.append(f"eve: cannot reach {settings.eve_url}/eve/v1/health: {exc}")
+        else:
+            try:
+                info = await client.info()
+                window = settings.context_window or info.context_window_tokens
+                threshold = min(window * settings.compact_percent // 100, settings.compact_ceiling) if window else settings.compact_ceiling
+                print(f"ok   eve agent: model {info.model_id}, window {info.context_window_tokens}, "
+                      f"parking threshold {threshold}")
+                if window and threshold > 0.75 * window:
+                    warnings.append(
+                        f"parking threshold {threshold} is above eve's in-turn safety net "
+                        f"(75% of {window}); lower IVA_COMPACT_PERCENT"
+                    )
+            except eve.EveUnauthorized:
+                problems.append("eve: the token was rejected (IVA_EVE_TOKEN)")
+            except eve.EveError as exc:
+                problems.append(f"eve: /eve/v1/info failed: {exc}")
+    for line in warnings:
+        print(f"warn {line}")
+    for line in problems:
+        print(f"FAIL {line}", file=sys.stderr)
+    return EXIT_UNREACHABLE if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="iva", description="Iva: a Telegram bridge for eve agents")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", help="run the bridge (configured by IVA_* environment variables)")
+    sub.add_parser("check", help="validate the configuration and reach Telegram and eve")
+    args = parser.parse_args(argv)
+
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:
+        print("iva: the configuration has problems:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    if args.command == "check":
+        log.configure("warning")
+        return asyncio.run(_check(settings))
+    log.configure(settings.log_level)
+    from .app import run
+
+    return asyncio.run(run(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""Settings from the environment (SPEC §2), validated once, with one clear message per bad value."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+__all__ = ["ConfigError", "Settings"]
+
+DEFAULT_TELEGRAM_API_URL = "https://api.telegram.org"
+DEFAULT_COMPACT_PERCENT = 60
+DEFAULT_COMPACT_CEILING = 110_000
+DEFAULT_MANUAL_COMPACT_MIN = 30_000
+DEFAULT_COMPACT_ACK_SECONDS = 5.0
+DEFAULT_BUSY_TIMEOUT = 900.0
+DEFAULT_MAX_TURNS = 16
+DEFAULT_BATCH = 10
+DEFAULT_API_LISTEN = "127.0.0.1:8787"
+
+_TOKEN = re.compile(r"^\d{3,}:[A-Za-z0-9_-]{20,}$")
+
+
+class ConfigError(Exception):
+    """Every problem found in the environment, one line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    telegram_token: str = field(repr=False)
+    eve_url: str
+    eve_token: str | None = field(default=None, repr=False)
+    telegram_api_url: str = DEFAULT_TELEGRAM_API_URL
+    state_dir: Path = Path("./var")
+    owner_ids: frozenset[int] = frozenset()
+    allowed_user_ids: frozenset[int] = frozenset()
+    turn_policy: Literal["queue", "immediate"] = "queue"
+    context_window: int | None = None
+    compact_percent: int = DEFAULT_COMPACT_PERCENT
+    compact_ceiling: int = DEFAULT_COMPACT_CEILING
+    manual_compact_min: int = DEFAULT_MANUAL_COMPACT_MIN
+    compact_ack_seconds: float = DEFAULT_COMPACT_ACK_SECONDS
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT
+    lang: Literal["ru", "en"] = "ru"
+    api_listen: str = DEFAULT_API_LISTEN
+    api_token: str | None = field(default=None, repr=False)
+    max_turns: int = DEFAULT_MAX_TURNS
+    batch_size: int = DEFAULT_BATCH
+    log_level: str = "info"
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "iva.sqlite3"
+
+    def may_talk(self, user_id: int) -> bool:
+        return user_id in self.owner_ids or user_id in self.allowed_user_ids
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read ``IVA_*``; raise :class:`ConfigError` listing every bad or missing value."""
+        env = os.environ if env is None else env
+        problems: list[str] = []
+
+        def get(name: str) -> str | None:
+            value = env.get(name)
+            return value.strip() if value is not None and value.strip() else None
+
+        def integer(name: str, default: int | None, *, low: int, high: int | None = None) -> int | None:
+            raw = get(name)
+            if raw is None:
+                return default
+            try:
+                value = int(raw.replace("_", ""))
+            except ValueError:
+                problems.append(f"{name}={raw!r} is not a whole number")
+                return default
+            if value < low or (high is not None and value > high):
+                span = f"from {low} to {high}" if high is not None else f"at least {low}"
+                problems.append(f"{name}={value} must be {span}")
+                return default
+            return value
+
+        def number(name: str, default: float, *, low: float) -> float:
+            raw = get(name)
+            if raw is None:
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                problems.append(f"{name}={raw!r} is not a number of seconds")
+                return default
+            if value < low:
+                problems.append(f"{name}={value} must be at least {low}")
+                return default
+            return value
+
+        def ids(name: str) -> frozenset[int]:
+            raw = get(name)
+            if raw is None:
+                return frozenset()
+            out: set[int] = set()
+            for part in re.split(r"[,\s]+", raw):
+                if not part:
+                    continue
+                if not re.fullmatch(r"-?\d+", part):
+                    problems.append(f"{name}: {part!r} is not a Telegram user id (a number)")
+                    continue
+                out.add(int(part))
+            return frozenset(out)
+
+        def url(name: str, default: str | None) -> str | None:
+            raw = get(name) or default
+            if raw is None:
+                problems.append(f"{name} is required (for example http://127.0.0.1:3000)")
+                return None
+            if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", raw):
+                problems.append(f"{name}={raw!r} is not an http(s) URL")
+                return None
+            return raw.rstrip("/")
+
+        token = get("IVA_TELEGRAM_TOKEN")
+        if token is None:
+            problems.append("IVA_TELEGRAM_TOKEN is required (the bot token from @BotFather)")
+        elif not _TOKEN.match(token):
+            problems.append("IVA_TELEGRAM_TOKEN does not look like a bot token (digits:secret)")
+        eve_url = url("IVA_EVE_URL", None)
+        api_url = url("IVA_TELEGRAM_API_URL", DEFAULT_TELEGRAM_API_URL)
+        owners = ids("IVA_OWNER_IDS")
+        if not owners and get("IVA_OWNER_IDS") is None:
+            problems.append("IVA_OWNER_IDS is required: the Telegram user ids of the bot's owners")
+        allowed = ids("IVA_ALLOWED_USER_IDS")
+
+        policy = (get("IVA_TURN_POLICY") or "queue").lower()
+        if policy not in ("queue", "immediate"):
+            problems.append(f"IVA_TURN_POLICY={policy!r} must be 'queue' or 'immediate'")
+            policy = "queue"
+        lang = (get("IVA_LANG") or "ru").lower()
+        if lang not in ("ru", "en"):
+            problems.append(f"IVA_LANG={lang!r} must be 'ru' or 'en'")
+            lang = "ru"
+        state = get("IVA_STATE_DIR") or get("STATE_DIRECTORY")
+        state_dir = Path(state.split(":")[0]) if state else Path("./var")
+
+        listen = get("IVA_API_LISTEN") or DEFAULT_API_LISTEN
+        if not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[\w.-]+):\d{1,5}", listen):
+            problems.append(f"IVA_API_LISTEN={listen!r} must be host:port, e.g. 127.0.0.1:8787")
+
+        level = (get("IVA_LOG_LEVEL") or "info").lower()
+        if level not in ("debug", "info", "warning", "error"):
+            problems.append(f"IVA_LOG_LEVEL={level!r} must be debug, info, warning or error")
+            level = "info"
+
+        settings = dict(
+            context_window=integer("IVA_CONTEXT_WINDOW", None, low=1000),
+            compact_percent=integer("IVA_COMPACT_PERCENT", DEFAULT_COMPACT_PERCENT, low=1, high=100),
+            compact_ceiling=integer("IVA_COMPACT_CEILING", DEFAULT_COMPACT_CEILING, low=1000),
+            manual_compact_min=integer("IVA_MANUAL_COMPACT_MIN", DEFAULT_MANUAL_COMPACT_MIN, low=0),
+            compact_ack_seconds=number("IVA_COMPACT_ACK_SECONDS", DEFAULT_COMPACT_ACK_SECONDS, low=0.1),
+            busy_timeout=number("IVA_BUSY_TIMEOUT", DEFAULT_BUSY_TIMEOUT, low=1.0),
+            max_turns=integer("IVA_MAX_TURNS", DEFAULT_MAX_TURNS, low=1, high=10_000),
+            batch_size=integer("IVA_BATCH", DEFAULT_BATCH, low=1, high=100),
+        )
+        if problems:
+            raise ConfigError(problems)
+        assert token is not None and eve_url is not None and api_url is not None
+        return cls(
+            telegram_token=token,
+            eve_url=eve_url,
+            eve_token=get("IVA_EVE_TOKEN"),
+            telegram_api_url=api_url,
+            state_dir=state_dir,
+            owner_ids=owners,
+            allowed_user_ids=allowed,
+            turn_policy=policy,  # type: ignore[arg-type]
+            lang=lang,  # type: ignore[arg-type]
+            api_listen=listen,
+            api_token=get("IVA_API_TOKEN"),
+            log_level=level,
+            **settings,  # type: ignore[arg-type]
+        )

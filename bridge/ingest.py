@@ -1,0 +1,220 @@
+"""Telegram → the on-disk queue (T1, T2).
+
+Our own getUpdates loop: each update is committed before the offset passes it, so an update is
+confirmed to Telegram only once its message is on disk. A commit that fails is retried and the
+offset does not move; a redelivered update is absorbed by the dedupe key (chat id + message id).
+Ingest does as little as possible: decide, commit, receipt, wake the chat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from aiogram import Bot
+from aiogram.exceptions import (
+    TelegramNetworkError,
+    TelegramRetryAfter,
+    TelegramServerError,
+)
+from aiogram.types import CallbackQuery, Message, Update, User
+
+from diskqueue import DiskQueue
+
+from . import log
+from .addressing import Address, classify
+from .config import Settings
+from .metrics import METRICS
+from .sender import Sender
+from .store import Store
+from .texts import pick_lang, t
+
+__all__ = ["Ingest"]
+
+logger = log.get("bridge.ingest")
+
+POLL_TIMEOUT = 25
+ALLOWED_UPDATES = ["message", "callback_query", "my_chat_member"]
+RECEIPT_QUEUED = "👀"
+RECEIPT_STEERED = "⚡"
+
+
+class Ingest:
+    def __init__(
+        self,
+        *,
+        bot: Bot,
+        me: User,
+        settings: Settings,
+        queue: DiskQueue,
+        store: Store,
+        sender: Sender,
+        wake: Callable[[str], None],
+        status_text: Callable[[str, str], Any],
+        spawn: Callable[..., Any],
+        heartbeat: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.bot = bot
+        self.me = me
+        self.settings = settings
+        self.queue = queue
+        self.store = store
+        self.sender = sender
+        self.wake = wake
+        self.status_text = status_text
+        self.spawn = spawn
+        self.heartbeat = heartbeat
+        self.offset: int | None = None
+        self.last_poll_ok: float | None = None
+
+    async def run(self) -> None:
+        """Poll forever; only cancellation ends it."""
+        failures = 0
+        while True:
+            try:
+                updates = await self.bot.get_updates(
+                    offset=self.offset,
+                    timeout=POLL_TIMEOUT,
+                    allowed_updates=ALLOWED_UPDATES,
+                    request_timeout=POLL_TIMEOUT + 15,
+                )
+            except TelegramRetryAfter as exc:
+                await asyncio.sleep(exc.retry_after)
+                continue
+            except (TelegramNetworkError, TelegramServerError) as exc:
+                failures += 1
+                wait = min(30.0, 0.5 * 1.6**failures) + random.uniform(0, 0.3)
+                logger.warning("telegram_poll_failed", error=str(exc), wait=round(wait, 2))
+                await asyncio.sleep(wait)
+                continue
+            failures = 0
+            self.last_poll_ok = time.time()
+            self.heartbeat()
+            for update in updates:
+                await self.commit_update(update)
+                self.offset = update.update_id + 1
+
+    async def commit_update(self, update: Update) -> None:
+        """Handle one update until it is durable; only then may the offset pass it."""
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(update_id=update.update_id)
+        attempt = 0
+        while True:
+            try:
+                outcome = await self.handle(update)
+                METRICS.updates.labels(outcome=outcome).inc()
+                return
+            except sqlite3.Error as exc:
+                # The update stays unconfirmed: we retry, and if we die Telegram redelivers it.
+                attempt += 1
+                wait = min(10.0, 0.2 * 2**attempt)
+                logger.error("ingest_commit_failed", error=str(exc), wait=wait)
+                await asyncio.sleep(wait)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # A bug on one update must not wedge the bot; the operator sees it here.
+                logger.exception("ingest_update_failed")
+                METRICS.updates.labels(outcome="error").inc()
+                return
+
+    async def handle(self, update: Update) -> str:
+        if update.message is not None:
+            return await self.on_message(update.message)
+        if update.callback_query is not None:
+            return await self.on_callback(update.callback_query)
+        if update.my_chat_member is not None:
+            member = update.my_chat_member
+            if member.new_chat_member.status in ("kicked", "left"):
+                await self.store.db.execute(
+                    "UPDATE chats SET blocked = 1, blocked_reason = ? WHERE chat_id = ?",
+                    (member.new_chat_member.status, member.chat.id),
+                )
+                logger.info("bot_removed_from_chat", chat_id=member.chat.id)
+            return "member"
+        return "ignored"
+
+    async def on_callback(self, query: CallbackQuery) -> str:
+        # Inline buttons arrive with T5 (turn.waiting prompts); answer so the button stops spinning.
+        try:
+            await self.bot.answer_callback_query(query.id)
+        except Exception as exc:
+            logger.info("callback_answer_failed", error=str(exc))
+        return "callback"
+
+    async def on_message(self, message: Message) -> str:
+        user = message.from_user
+        if user is None or user.is_bot:
+            return "ignored"
+        inbound = classify(message, self.me)
+        address = inbound.address
+        structlog.contextvars.bind_contextvars(chat_id=address.chat_id, thread_id=address.thread_id, msg_id=message.message_id)
+        if not inbound.addressed:
+            return "not_addressed"
+        if not self.settings.may_talk(user.id):
+            logger.info("stranger_ignored", user_id=user.id)
+            return "stranger"
+        lang = pick_lang(user.language_code, self.settings.lang)
+        key = f"tg:{message.chat.id}:{message.message_id}"
+        if inbound.command in ("start", "help", "status", "new"):
+            return await self.on_command(inbound.command, message, address, lang, key)
+        if not inbound.text or not inbound.text.strip():
+            if await self.queue.remember(str(address), {"kind": "unsupported"}, dedupe_key=key):
+                self.spawn(self.sender.say(address.chat_id, address.thread_id, t("unsupported", lang),
+                                           reply_to=message.message_id))
+            return "unsupported"
+        payload = {
+            "kind": "message",
+            "text": inbound.text,
+            "message_id": message.message_id,
+            "user_id": user.id,
+            "user_name": user.full_name,
+            "owner": user.id in self.settings.owner_ids,
+            "private": inbound.private,
+            "date": int(message.date.timestamp()) if message.date else None,
+        }
+        async with self.store.db.transaction():
+            await self.store.touch_chat(str(address), address.chat_id, address.thread_id, lang)
+            row = await self.queue.enqueue(str(address), payload, dedupe_key=key)
+            chat = await self.store.chat(str(address))
+        if row is None:
+            logger.info("update_duplicate_ignored")
+            return "duplicate"
+        logger.info("message_queued", queue_id=row)
+        logger.debug("message_text", text=inbound.text)
+        if chat is not None and chat.busy and self.settings.turn_policy == "queue":
+            # The receipt comes after the commit, never before: "received, waiting its turn".
+            self.spawn(self.sender.react(address.chat_id, message.message_id, RECEIPT_QUEUED))
+        self.wake(str(address))
+        return "queued"
+
+    async def on_command(self, command: str, message: Message, address: Address, lang: str, key: str) -> str:
+        addr = str(address)
+        if command == "new":
+            async with self.store.db.transaction():
+                if not await self.queue.remember(addr, {"kind": "command", "command": "new"}, dedupe_key=key):
+                    return "duplicate"
+                await self.store.touch_chat(addr, address.chat_id, address.thread_id, lang)
+                dropped = await self.queue.drop_queued(addr)
+                chat = await self.store.chat(addr)
+                assert chat is not None
+                await self.store.update_chat(
+                    addr, reset_requested=1, reset_reply_to=message.message_id,
+                    reset_dropped=chat.reset_dropped + dropped,
+                )
+            logger.info("new_requested", dropped=dropped)
+            self.wake(addr)
+            return "command"
+        if not await self.queue.remember(addr, {"kind": "command", "command": command}, dedupe_key=key):
+            return "duplicate"
+        if command == "status":
+            text = await self.status_text(addr, lang)
+        else:
+            text = t(command, lang)
+        self.spawn(self.sender.say(address.chat_id, address.thread_id, text))
+        return "command"

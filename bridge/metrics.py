@@ -1,0 +1,27 @@
+"""Prometheus metrics of the bridge, in one registry of its own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["METRICS"]
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.updates = Counter("iva_updates", "Telegram updates handled, by outcome", ["outcome"], registry=r)
+        self.turns = Counter("iva_turns", "Turns finished, by outcome", ["outcome"], registry=r)
+        self.telegram_sent = Counter("iva_telegram_messages_sent", "Messages sent to Telegram", registry=r)
+        self.telegram_retries = Counter("iva_telegram_retries", "Telegram send retries", ["reason"], registry=r)
+        self.eve_errors = Counter("iva_eve_errors", "eve errors seen, by kind", ["kind"], registry=r)
+        self.malformed = Counter("iva_eve_malformed_lines", "Malformed eve stream lines skipped", registry=r)
+        self.busy = Gauge("iva_busy_chats", "Chats busy with a turn or a compaction", registry=r)
+        self.turn_seconds = Histogram(
+            "iva_turn_seconds", "Turn duration", registry=r,
+            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900),
+        )
+
+
+METRICS = _Metrics()

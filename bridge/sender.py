@@ -1,0 +1,173 @@
+"""The one place that talks to Telegram for replies: the outbox → sendMessage (T6, T7).
+
+Each outbox row is rendered, split, and sent chunk by chunk; the progress of a row is recorded
+after every chunk, so a restart resends at most the one chunk whose answer was lost. 429 waits
+``retry_after``; 5xx and network errors retry with backoff; an entity Telegram rejects falls
+back to plain text for that chunk; a blocked bot or a vanished chat raises :class:`ChatGone`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+
+from aiogram import Bot
+from aiogram.exceptions import (
+    TelegramBadRequest,
+    TelegramForbiddenError,
+    TelegramMigrateToChat,
+    TelegramNetworkError,
+    TelegramNotFound,
+    TelegramRetryAfter,
+    TelegramServerError,
+)
+from aiogram.types import LinkPreviewOptions, ReactionTypeEmoji, ReplyParameters
+
+from . import log
+from .metrics import METRICS
+from .render import Chunk, render
+from .store import Outgoing, Store
+
+__all__ = ["ChatGone", "Sender", "Typing"]
+
+logger = log.get("bridge.sender")
+
+MAX_BACKOFF = 30.0
+TYPING_EVERY = 4.5
+
+
+class ChatGone(Exception):
+    """The bot was blocked, kicked, or the chat (or topic) no longer exists."""
+
+
+def _backoff(attempt: int) -> float:
+    return min(MAX_BACKOFF, 0.5 * 2**attempt) * (1 + random.uniform(0, 0.2))
+
+
+_GONE_MARKERS = ("chat not found", "bot was kicked", "user is deactivated", "message thread not found",
+                 "topic_deleted", "have no rights to send", "not enough rights to send")
+
+
+class Sender:
+    def __init__(self, bot: Bot, store: Store) -> None:
+        self.bot = bot
+        self.store = store
+
+    async def deliver(self, out: Outgoing) -> None:
+        """Send one outbox row to the end, recording progress; raises ChatGone."""
+        chunks = render(out.text, markdown=out.format == "markdown")
+        ids = list(out.message_ids)
+        chat_id = out.chat_id
+        for number, chunk in enumerate(chunks):
+            if number < out.chunks_sent:
+                continue
+            reply_to = out.reply_to if number == 0 else None
+            message_id, chat_id = await self._send_chunk(chat_id, out.thread_id, chunk, reply_to)
+            ids.append(message_id)
+            METRICS.telegram_sent.inc()
+            if number + 1 < len(chunks):
+                await self.store.record_chunk(out.id, number + 1, ids)
+        await self.store.record_chunk(out.id, len(chunks), ids)
+        await self.store.finish_outgoing(out.id)
+
+    async def _send_chunk(
+        self, chat_id: int, thread_id: int | None, chunk: Chunk, reply_to: int | None
+    ) -> tuple[int, int]:
+        attempt = 0
+        while True:
+            try:
+                message = await self.bot.send_message(
+                    chat_id=chat_id,
+                    text=chunk.text,
+                    entities=list(chunk.entities) or None,
+                    message_thread_id=thread_id,
+                    link_preview_options=LinkPreviewOptions(is_disabled=True),
+                    reply_parameters=(
+                        ReplyParameters(message_id=reply_to, allow_sending_without_reply=True)
+                        if reply_to else None
+                    ),
+                )
+                return message.message_id, chat_id
+            except TelegramRetryAfter as exc:
+                METRICS.telegram_retries.labels(reason="429").inc()
+                logger.warning("telegram_retry_after", chat_id=chat_id, retry_after=exc.retry_after)
+                await asyncio.sleep(exc.retry_after)
+            except TelegramMigrateToChat as exc:
+                logger.info("telegram_chat_migrated", chat_id=chat_id, to=exc.migrate_to_chat_id)
+                chat_id = exc.migrate_to_chat_id
+            except TelegramForbiddenError as exc:
+                raise ChatGone(exc.message) from exc
+            except (TelegramBadRequest, TelegramNotFound) as exc:
+                text = exc.message.lower()
+                if any(marker in text for marker in _GONE_MARKERS):
+                    raise ChatGone(exc.message) from exc
+                if chunk.entities and ("entit" in text or "parse" in text):
+                    logger.warning("telegram_entities_rejected", chat_id=chat_id, error=exc.message)
+                    chunk = chunk.plain()
+                    continue
+                if reply_to and "repl" in text:
+                    reply_to = None
+                    continue
+                raise
+            except (TelegramServerError, TelegramNetworkError) as exc:
+                METRICS.telegram_retries.labels(reason="transient").inc()
+                delay = _backoff(attempt)
+                attempt += 1
+                logger.warning("telegram_send_retry", chat_id=chat_id, error=str(exc), wait=round(delay, 2))
+                await asyncio.sleep(delay)
+
+    async def react(self, chat_id: int, message_id: int, emoji: str) -> None:
+        """A receipt on the person's message; best effort (groups may forbid reactions)."""
+        try:
+            await self.bot.set_message_reaction(
+                chat_id=chat_id, message_id=message_id, reaction=[ReactionTypeEmoji(emoji=emoji)]
+            )
+        except Exception as exc:  # a receipt is never worth an error
+            logger.info("telegram_reaction_failed", chat_id=chat_id, error=str(exc))
+
+    async def say(self, chat_id: int, thread_id: int | None, text: str, *, reply_to: int | None = None) -> None:
+        """An immediate, non-durable answer (help, status): one try with the same fallbacks."""
+        try:
+            for chunk in render(text):
+                await self._send_chunk(chat_id, thread_id, chunk, reply_to)
+                reply_to = None
+        except (ChatGone, TelegramBadRequest) as exc:
+            logger.info("telegram_say_failed", chat_id=chat_id, error=str(exc))
+
+
+class Typing:
+    """The typing indicator of one chat, refreshed while a turn runs (T6, LESSONS #12)."""
+
+    def __init__(self, bot: Bot, chat_id: int, thread_id: int | None, *, ttl: float) -> None:
+        self.bot = bot
+        self.chat_id = chat_id
+        self.thread_id = thread_id
+        self.ttl = ttl
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._loop(), name=f"typing:{self.chat_id}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.ttl
+        while loop.time() < until:
+            try:
+                await self.bot.send_chat_action(
+                    chat_id=self.chat_id, action="typing", message_thread_id=self.thread_id
+                )
+                await asyncio.sleep(TYPING_EVERY)
+            except TelegramRetryAfter as exc:
+                await asyncio.sleep(exc.retry_after)
+            except Exception as exc:
+                logger.debug("telegram_typing_failed", chat_id=self.chat_id, error=str(exc))
+                await asyncio.sleep(TYPING_EVERY)

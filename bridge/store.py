@@ -1,0 +1,276 @@
+"""The bridge's own tables beside the diskqueue: chats (the busy record) and the outbox.
+
+The busy record (R1) is the one source of truth for a chat: status, kind, origin, eve session,
+stream cursor and the delivery ids in flight. It changes in the same transactions as the queue
+rows it claims or acknowledges.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from diskqueue import Database
+
+__all__ = ["SCHEMA_VERSION", "Chat", "ChatStatus", "Outgoing", "Store"]
+
+SCHEMA_VERSION = 1
+
+_MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE chats (
+        address       TEXT PRIMARY KEY,
+        chat_id       INTEGER NOT NULL,
+        thread_id     INTEGER,
+        lang          TEXT    NOT NULL DEFAULT 'ru',
+        eve_session   TEXT,
+        status        TEXT    NOT NULL DEFAULT 'idle',
+        kind          TEXT,
+        origin        TEXT,
+        cursor        INTEGER NOT NULL DEFAULT 0,
+        claim         TEXT,
+        deliveries    TEXT    NOT NULL DEFAULT '[]',
+        busy_since    REAL,
+        progress_at   REAL,
+        measurement   INTEGER,
+        measured_at   REAL,
+        compaction_disabled INTEGER NOT NULL DEFAULT 0,
+        reset_mark    INTEGER NOT NULL DEFAULT 0,
+        reset_requested INTEGER NOT NULL DEFAULT 0,
+        reset_reply_to INTEGER,
+        reset_dropped INTEGER NOT NULL DEFAULT 0,
+        blocked       INTEGER NOT NULL DEFAULT 0,
+        blocked_reason TEXT,
+        turns         INTEGER NOT NULL DEFAULT 0,
+        created_at    REAL    NOT NULL,
+        updated_at    REAL    NOT NULL
+    );
+    CREATE INDEX chats_busy ON chats (status);
+    CREATE TABLE outbox (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        address     TEXT    NOT NULL,
+        key         TEXT    NOT NULL UNIQUE,
+        chat_id     INTEGER NOT NULL,
+        thread_id   INTEGER,
+        text        TEXT    NOT NULL,
+        format      TEXT    NOT NULL DEFAULT 'markdown',
+        reply_to    INTEGER,
+        state       TEXT    NOT NULL DEFAULT 'pending',
+        chunks_sent INTEGER NOT NULL DEFAULT 0,
+        message_ids TEXT    NOT NULL DEFAULT '[]',
+        created_at  REAL    NOT NULL,
+        sent_at     REAL
+    );
+    CREATE INDEX outbox_pending ON outbox (address, state, id);
+    """,
+}
+
+
+class ChatStatus(enum.StrEnum):
+    IDLE = "idle"
+    BUSY = "busy"
+
+
+@dataclass(frozen=True, slots=True)
+class Chat:
+    address: str
+    chat_id: int
+    thread_id: int | None
+    lang: str
+    eve_session: str | None
+    status: ChatStatus
+    kind: str | None
+    origin: str | None
+    cursor: int
+    claim: str | None
+    deliveries: tuple[str, ...]
+    busy_since: float | None
+    progress_at: float | None
+    measurement: int | None
+    compaction_disabled: bool
+    reset_mark: bool
+    reset_requested: bool
+    reset_reply_to: int | None
+    reset_dropped: int
+    blocked: bool
+    turns: int
+
+    @property
+    def busy(self) -> bool:
+        return self.status is ChatStatus.BUSY
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Chat:
+        return cls(
+            address=row["address"],
+            chat_id=row["chat_id"],
+            thread_id=row["thread_id"],
+            lang=row["lang"],
+            eve_session=row["eve_session"],
+            status=ChatStatus(row["status"]),
+            kind=row["kind"],
+            origin=row["origin"],
+            cursor=row["cursor"],
+            claim=row["claim"],
+            deliveries=tuple(json.loads(row["deliveries"])),
+            busy_since=row["busy_since"],
+            progress_at=row["progress_at"],
+            measurement=row["measurement"],
+            compaction_disabled=bool(row["compaction_disabled"]),
+            reset_mark=bool(row["reset_mark"]),
+            reset_requested=bool(row["reset_requested"]),
+            reset_reply_to=row["reset_reply_to"],
+            reset_dropped=row["reset_dropped"],
+            blocked=bool(row["blocked"]),
+            turns=row["turns"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    id: int
+    address: str
+    key: str
+    chat_id: int
+    thread_id: int | None
+    text: str
+    format: str
+    reply_to: int | None
+    chunks_sent: int
+    message_ids: tuple[int, ...]
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Outgoing:
+        return cls(
+            id=row["id"],
+            address=row["address"],
+            key=row["key"],
+            chat_id=row["chat_id"],
+            thread_id=row["thread_id"],
+            text=row["text"],
+            format=row["format"],
+            reply_to=row["reply_to"],
+            chunks_sent=row["chunks_sent"],
+            message_ids=tuple(json.loads(row["message_ids"])),
+        )
+
+
+_CHAT_COLUMNS = frozenset(
+    {
+        "lang", "eve_session", "status", "kind", "origin", "cursor", "claim", "deliveries",
+        "busy_since", "progress_at", "measurement", "measured_at", "compaction_disabled",
+        "reset_mark", "reset_requested", "reset_reply_to", "reset_dropped", "blocked",
+        "blocked_reason", "turns", "chat_id", "thread_id",
+    }
+)
+
+
+class Store:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def migrate(self) -> None:
+        row = await self.db.fetchone("PRAGMA user_version")
+        version = int(row[0]) if row else 0
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(f"state schema {version} is newer than this Iva ({SCHEMA_VERSION})")
+        for step in range(version + 1, SCHEMA_VERSION + 1):
+            async with self.db.transaction():
+                for statement in filter(str.strip, _MIGRATIONS[step].split(";")):
+                    await self.db.execute(statement)
+                await self.db.execute(f"PRAGMA user_version = {step}")
+
+    # -- chats ------------------------------------------------------------------------------
+
+    async def touch_chat(self, address: str, chat_id: int, thread_id: int | None, lang: str) -> None:
+        """Create the chat row on first contact; keep its language fresh; a new message unblocks."""
+        now = time.time()
+        await self.db.execute(
+            "INSERT INTO chats (address, chat_id, thread_id, lang, created_at, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (address) DO UPDATE SET lang = excluded.lang, "
+            "blocked = 0, blocked_reason = NULL, updated_at = excluded.updated_at",
+            (address, chat_id, thread_id, lang, now, now),
+        )
+
+    async def chat(self, address: str) -> Chat | None:
+        row = await self.db.fetchone("SELECT * FROM chats WHERE address = ?", (address,))
+        return Chat.from_row(row) if row else None
+
+    async def update_chat(self, address: str, **fields: Any) -> int:
+        unknown = set(fields) - _CHAT_COLUMNS
+        if unknown:
+            raise ValueError(f"not chat columns: {sorted(unknown)}")
+        values = [
+            json.dumps(list(v)) if k == "deliveries" else (str(v) if isinstance(v, enum.Enum) else v)
+            for k, v in fields.items()
+        ]
+        assignments = ", ".join(f"{k} = ?" for k in fields)
+        return await self.db.execute(
+            f"UPDATE chats SET {assignments}, updated_at = ? WHERE address = ?",
+            (*values, time.time(), address),
+        )
+
+    async def busy_chats(self) -> list[Chat]:
+        rows = await self.db.fetchall("SELECT * FROM chats WHERE status = 'busy' ORDER BY busy_since")
+        return [Chat.from_row(r) for r in rows]
+
+    async def count_busy(self) -> int:
+        row = await self.db.fetchone("SELECT count(*) FROM chats WHERE status = 'busy'")
+        return int(row[0]) if row else 0
+
+    async def chats_wanting_reset(self) -> list[str]:
+        rows = await self.db.fetchall("SELECT address FROM chats WHERE reset_requested = 1")
+        return [r["address"] for r in rows]
+
+    # -- outbox -----------------------------------------------------------------------------
+
+    async def put_outgoing(
+        self,
+        address: str,
+        key: str,
+        chat_id: int,
+        thread_id: int | None,
+        text: str,
+        *,
+        format: str = "markdown",
+        reply_to: int | None = None,
+    ) -> bool:
+        """Queue a text to send; False when ``key`` was queued before (T7: replays send nothing)."""
+        rows = await self.db.fetchall(
+            "INSERT INTO outbox (address, key, chat_id, thread_id, text, format, reply_to, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING RETURNING id",
+            (address, key, chat_id, thread_id, text, format, reply_to, time.time()),
+        )
+        return bool(rows)
+
+    async def pending_outgoing(self, address: str) -> list[Outgoing]:
+        rows = await self.db.fetchall(
+            "SELECT * FROM outbox WHERE address = ? AND state = 'pending' ORDER BY id", (address,)
+        )
+        return [Outgoing.from_row(r) for r in rows]
+
+    async def addresses_with_pending_outgoing(self) -> list[str]:
+        rows = await self.db.fetchall("SELECT DISTINCT address FROM outbox WHERE state = 'pending'")
+        return [r["address"] for r in rows]
+
+    async def record_chunk(self, outgoing_id: int, chunks_sent: int, message_ids: list[int]) -> None:
+        await self.db.execute(
+            "UPDATE outbox SET chunks_sent = ?, message_ids = ? WHERE id = ? AND state = 'pending'",
+            (chunks_sent, json.dumps(message_ids), outgoing_id),
+        )
+
+    async def finish_outgoing(self, outgoing_id: int, state: str = "sent") -> None:
+        await self.db.execute(
+            "UPDATE outbox SET state = ?, sent_at = ? WHERE id = ? AND state = 'pending'",
+            (state, time.time(), outgoing_id),
+        )
+
+    async def fail_outgoing_of_chat(self, chat_id: int) -> int:
+        return await self.db.execute(
+            "UPDATE outbox SET state = 'failed', sent_at = ? WHERE chat_id = ? AND state = 'pending'",
+            (time.time(), chat_id),
+        )

@@ -1,0 +1,93 @@
+"""Everything the bot says, per language. No user-facing string lives in logic code."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+__all__ = ["Lang", "pick_lang", "t"]
+
+Lang = Literal["ru", "en"]
+
+_TEXTS: dict[str, dict[Lang, str]] = {
+    "start": {
+        "en": (
+            "Hi! I'm your assistant. Just write to me — every message is kept until it is answered, "
+            "even if I'm busy or restarting.\n\n/help shows what I can do."
+        ),
+        "ru": (
+            "Привет! Я ваш ассистент. Просто пишите — каждое сообщение сохраняется, пока на него не "
+            "отвечу, даже если я занят или перезапускаюсь.\n\n/help — что я умею."
+        ),
+    },
+    "help": {
+        "en": (
+            "Write as you would to a person. While I'm answering, new messages wait their turn "
+            "(👀 means: received, in the queue).\n\n"
+            "/new — start a new conversation\n"
+            "/status — the conversation's state\n"
+            "/help — this text"
+        ),
+        "ru": (
+            "Пишите, как написали бы человеку. Пока я отвечаю, новые сообщения ждут очереди "
+            "(👀 значит: получено, в очереди).\n\n"
+            "/new — начать новый разговор\n"
+            "/status — состояние разговора\n"
+            "/help — эта справка"
+        ),
+    },
+    "cmd_new": {"en": "Start a new conversation", "ru": "Начать новый разговор"},
+    "cmd_status": {"en": "State of the conversation", "ru": "Состояние разговора"},
+    "cmd_help": {"en": "What this bot can do", "ru": "Что умеет бот"},
+    "new_done": {
+        "en": "New conversation started.",
+        "ru": "Начат новый разговор.",
+    },
+    "new_dropped": {
+        "en": "New conversation started. {n} waiting message(s) were dropped.",
+        "ru": "Начат новый разговор. Ожидавших сообщений отброшено: {n}.",
+    },
+    "turn_failed": {
+        "en": "Sorry, I couldn't answer that ({reason}). Please try again.",
+        "ru": "Не получилось ответить ({reason}). Попробуйте ещё раз.",
+    },
+    "session_lost": {
+        "en": "I lost the thread of our conversation and started a new one. Please repeat your last request.",
+        "ru": "Я потерял нить разговора и начал новый. Пожалуйста, повторите последний запрос.",
+    },
+    "unsupported": {
+        "en": "I can only read text for now.",
+        "ru": "Пока я понимаю только текст.",
+    },
+    "status": {
+        "en": (
+            "Conversation: {session}\n"
+            "State: {state}\n"
+            "Waiting messages: {queued}\n"
+            "Last size: {measure} of {threshold} tokens (compaction threshold)"
+        ),
+        "ru": (
+            "Разговор: {session}\n"
+            "Состояние: {state}\n"
+            "Сообщений в очереди: {queued}\n"
+            "Последний размер: {measure} из {threshold} токенов (порог сжатия)"
+        ),
+    },
+    "status_no_session": {"en": "not started yet", "ru": "ещё не начат"},
+    "status_idle": {"en": "free", "ru": "свободен"},
+    "status_busy": {"en": "answering (for {seconds} s)", "ru": "отвечаю (уже {seconds} с)"},
+    "status_unknown": {"en": "unknown", "ru": "неизвестно"},
+}
+
+
+def t(key: str, lang: Lang, /, **values: object) -> str:
+    text = _TEXTS[key][lang]
+    return text.format(**values) if values else text
+
+
+def pick_lang(language_code: str | None, default: Lang) -> Lang:
+    """The user's Telegram language when we speak it, else the operator's default."""
+    if language_code:
+        code = language_code.split("-")[0].lower()
+        if code in ("ru", "en"):
+            return code  # type: ignore[return-value]
+    return default

@@ -1,0 +1,312 @@
+"""Typed events of eve's durable session stream (PROTOCOL.md §3-§7).
+
+Every event carries its absolute stream index, eve's stable ``meta.id`` and the delivery ids
+of the messages it belongs to. Unknown types come through as :class:`Event` itself, so a newer
+eve never breaks the reader; a line that is not an event is a :class:`MalformedLine`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = [
+    "ActionResult",
+    "ActionsRequested",
+    "CompactionCompleted",
+    "CompactionRequested",
+    "ContextCleared",
+    "Event",
+    "MalformedLine",
+    "MessageAppended",
+    "MessageCompleted",
+    "MessageReceived",
+    "SessionCompleted",
+    "SessionFailed",
+    "SessionStarted",
+    "SessionWaiting",
+    "StepCompleted",
+    "StepFailed",
+    "StepStarted",
+    "TurnCancelled",
+    "TurnCompleted",
+    "TurnFailed",
+    "TurnStarted",
+    "TurnWaiting",
+    "Usage",
+    "parse_event",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int | None
+    output_tokens: int | None
+    cache_read_tokens: int | None = None
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Usage | None:
+        if not isinstance(raw, Mapping):
+            return None
+
+        def num(key: str) -> int | None:
+            value = raw.get(key)
+            return int(value) if isinstance(value, int | float) else None
+
+        return cls(num("inputTokens"), num("outputTokens"), num("cacheReadTokens"))
+
+
+@dataclass(frozen=True, slots=True)
+class MalformedLine:
+    """A stream line that is not a JSON event; reported and skipped, never fatal."""
+
+    index: int
+    line: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Any stream event. Subclasses add typed views of ``data`` for the types we act on."""
+
+    TYPE: ClassVar[str] = ""
+
+    index: int
+    type: str
+    id: str
+    at: str | None
+    delivery_ids: tuple[str, ...]
+    data: Mapping[str, Any] = field(repr=False)
+
+    @property
+    def turn_id(self) -> str | None:
+        value = self.data.get("turnId")
+        return value if isinstance(value, str) else None
+
+    @property
+    def terminal(self) -> bool:
+        """True for the events that end a turn."""
+        return False
+
+
+def _text(data: Mapping[str, Any], key: str) -> str:
+    value = data.get(key)
+    return value if isinstance(value, str) else ""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStarted(Event):
+    TYPE: ClassVar[str] = "session.started"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStarted(Event):
+    TYPE: ClassVar[str] = "turn.started"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived(Event):
+    TYPE: ClassVar[str] = "message.received"
+
+    @property
+    def message(self) -> str:
+        return _text(self.data, "message")
+
+
+@dataclass(frozen=True, slots=True)
+class StepStarted(Event):
+    TYPE: ClassVar[str] = "step.started"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageAppended(Event):
+    TYPE: ClassVar[str] = "message.appended"
+
+    @property
+    def delta(self) -> str:
+        return _text(self.data, "messageDelta")
+
+
+@dataclass(frozen=True, slots=True)
+class MessageCompleted(Event):
+    """A completed assistant text block: what the person gets to read."""
+
+    TYPE: ClassVar[str] = "message.completed"
+
+    @property
+    def message(self) -> str:
+        return _text(self.data, "message")
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.data.get("finishReason")
+
+
+@dataclass(frozen=True, slots=True)
+class StepCompleted(Event):
+    TYPE: ClassVar[str] = "step.completed"
+
+    @property
+    def usage(self) -> Usage | None:
+        return Usage.from_json(self.data.get("usage"))
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.data.get("finishReason")
+
+
+@dataclass(frozen=True, slots=True)
+class StepFailed(Event):
+    TYPE: ClassVar[str] = "step.failed"
+
+
+@dataclass(frozen=True, slots=True)
+class ActionsRequested(Event):
+    TYPE: ClassVar[str] = "actions.requested"
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult(Event):
+    TYPE: ClassVar[str] = "action.result"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnCompleted(Event):
+    TYPE: ClassVar[str] = "turn.completed"
+
+    @property
+    def terminal(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFailed(Event):
+    TYPE: ClassVar[str] = "turn.failed"
+
+    @property
+    def terminal(self) -> bool:
+        return True
+
+    @property
+    def code(self) -> str | None:
+        return self.data.get("code")
+
+    @property
+    def message(self) -> str:
+        details = self.data.get("details")
+        if isinstance(details, Mapping) and isinstance(details.get("message"), str):
+            return details["message"]
+        return _text(self.data, "message")
+
+
+@dataclass(frozen=True, slots=True)
+class TurnCancelled(Event):
+    TYPE: ClassVar[str] = "turn.cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class TurnWaiting(Event):
+    """The turn waits on the person (``on: "input"``) or on something else."""
+
+    TYPE: ClassVar[str] = "turn.waiting"
+
+    @property
+    def on(self) -> str | None:
+        return self.data.get("on")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionWaiting(Event):
+    """The session is parked, waiting for the next message."""
+
+    TYPE: ClassVar[str] = "session.waiting"
+
+    @property
+    def usage(self) -> Usage | None:
+        return Usage.from_json(self.data.get("usage"))
+
+
+@dataclass(frozen=True, slots=True)
+class SessionCompleted(Event):
+    """The session was retired (reset); the stream closes after it."""
+
+    TYPE: ClassVar[str] = "session.completed"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFailed(Event):
+    TYPE: ClassVar[str] = "session.failed"
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionRequested(Event):
+    TYPE: ClassVar[str] = "compaction.requested"
+
+    @property
+    def usage_input_tokens(self) -> float | None:
+        value = self.data.get("usageInputTokens")
+        return float(value) if isinstance(value, int | float) else None
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionCompleted(Event):
+    TYPE: ClassVar[str] = "compaction.completed"
+
+
+@dataclass(frozen=True, slots=True)
+class ContextCleared(Event):
+    TYPE: ClassVar[str] = "context.cleared"
+
+
+_TYPES: dict[str, type[Event]] = {
+    cls.TYPE: cls
+    for cls in (
+        SessionStarted,
+        TurnStarted,
+        MessageReceived,
+        StepStarted,
+        MessageAppended,
+        MessageCompleted,
+        StepCompleted,
+        StepFailed,
+        ActionsRequested,
+        ActionResult,
+        TurnCompleted,
+        TurnFailed,
+        TurnCancelled,
+        TurnWaiting,
+        SessionWaiting,
+        SessionCompleted,
+        SessionFailed,
+        CompactionRequested,
+        CompactionCompleted,
+        ContextCleared,
+    )
+}
+
+
+def parse_event(line: str | bytes, index: int) -> Event | MalformedLine:
+    """Parse one NDJSON line of the stream found at absolute ``index``."""
+    text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return MalformedLine(index, text[:300], f"not JSON: {exc}")
+    if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
+        return MalformedLine(index, text[:300], "not an event object with a type")
+    meta = raw.get("meta") if isinstance(raw.get("meta"), dict) else {}
+    data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    event_id = meta.get("id")
+    if not isinstance(event_id, str) or not event_id:
+        return MalformedLine(index, text[:300], "event without meta.id")
+    deliveries = meta.get("deliveryIds")
+    delivery_ids = tuple(d for d in deliveries if isinstance(d, str)) if isinstance(deliveries, list) else ()
+    at = meta.get("at") if isinstance(meta.get("at"), str) else None
+    cls = _TYPES.get(raw["type"], Event)
+    return cls(index=index, type=raw["type"], id=event_id, at=at, delivery_ids=delivery_ids, data=data)

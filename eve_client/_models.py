@@ -1,0 +1,74 @@
+"""Typed answers of eve's HTTP routes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._events import Event
+
+__all__ = ["Accepted", "AgentInfo", "Delivery", "Health", "ResetResult", "StreamPage"]
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    ok: bool
+    status: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentInfo:
+    """What ``/eve/v1/info`` says about the agent; the raw answer stays available."""
+
+    model_id: str | None
+    context_window_tokens: int | None
+    raw: Mapping[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> AgentInfo:
+        agent = raw.get("agent") if isinstance(raw.get("agent"), Mapping) else {}
+        model = agent.get("model") if isinstance(agent.get("model"), Mapping) else {}
+        window = model.get("contextWindowTokens")
+        return cls(
+            model_id=model.get("id") if isinstance(model.get("id"), str) else None,
+            context_window_tokens=int(window) if isinstance(window, int | float) and window > 0 else None,
+            raw=raw,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message eve accepted: ``delivery_id`` shows up in the events of its turn."""
+
+    session_id: str
+    delivery_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The answer of cancel/compact/clear: ``accepted``, ``no_active_turn``, ``no_active_session``."""
+
+    status: str
+
+    @property
+    def accepted(self) -> bool:
+        return self.status == "accepted"
+
+
+@dataclass(frozen=True, slots=True)
+class ResetResult:
+    status: str
+    previous_session_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPage:
+    """A finite read of the stream (``follow=false``)."""
+
+    events: tuple[Event, ...]
+    tail_index: int | None
+
+    @property
+    def next_index(self) -> int | None:
+        return None if self.tail_index is None else self.tail_index + 1

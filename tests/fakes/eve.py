@@ -1,0 +1,449 @@
+"""A fake eve server following PROTOCOL.md (eve 0.80.1 as observed), with fault controls.
+
+Messages understand the fake LLM's markers, so one scenario runs against this fake and the
+real eve alike: ``[[tokens=N]]``, ``[[delay=S]]``, ``[[fail=CODE]]``, ``[[reply=TEXT]]``,
+``[[tool=noop]]``. Faults a test can set on :class:`FakeEve`:
+
+- ``not_ready_sends``: the next N sends answer 409 ``session_not_ready``;
+- ``cut_streams``: the next N stream responses are cut after ``cut_after`` lines (mid-line);
+- ``garbage_every``: a malformed line is written before every Nth event of a stream;
+- ``stuck``: sessions accept messages and never run them (eve restarted mid-turn, §9);
+- ``server_errors``: the next N requests of any route answer 500;
+- ``compact_ack_delay`` / ``summary_delay`` / ``summary_fail``: compaction behaviour (§5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+_MARKER = re.compile(r"\[\[(\w+)(?:=([^\]]*))?\]\]")
+
+
+def _markers(text: str) -> tuple[str, dict[str, str]]:
+    found = {m.group(1): (m.group(2) or "") for m in _MARKER.finditer(text)}
+    return _MARKER.sub("", text).strip(), found
+
+
+@dataclass
+class _Input:
+    kind: str  # message | compact | clear
+    text: str = ""
+    delivery: str = ""
+    policy: str = "steer"
+
+
+@dataclass
+class FakeSession:
+    id: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+    inputs: asyncio.Queue[_Input] = field(default_factory=asyncio.Queue)
+    active: bool = True
+    sequence: int = 0
+    running: bool = False
+    output_started: bool = False
+    steer: asyncio.Queue[_Input] = field(default_factory=asyncio.Queue)
+    cancel: asyncio.Event = field(default_factory=asyncio.Event)
+    usage_in: int = 0
+    usage_out: int = 0
+    history_chars: int = 0
+    started: bool = False
+    task: asyncio.Task[None] | None = None
+    turns_run: int = 0
+    sends: list[dict[str, Any]] = field(default_factory=list)
+
+
+class FakeEve:
+    def __init__(self, *, token: str = "eve-test-token", window: int = 128_000) -> None:
+        self.token = token
+        self.window = window
+        self.sessions: dict[str, FakeSession] = {}
+        self.requests: list[tuple[str, str, Any]] = []
+        self.not_ready_sends = 0
+        self.cut_streams = 0
+        self.cut_after = 3
+        self.garbage_every = 0
+        self.stuck = False
+        self.server_errors = 0
+        self.compact_ack_delay = 0.0
+        self.summary_delay = 0.0
+        self.summary_fail = False
+        self.step_delay = 0.0
+        self.max_concurrent_turns = 0  # observed, per session, for "never two turns at once"
+        self._changed = asyncio.Condition()
+        self._ids = itertools.count(1)
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> str:
+        app = web.Application()
+        r = app.router
+        r.add_get("/eve/v1/health", self._health)
+        r.add_get("/eve/v1/info", self._info)
+        r.add_post("/eve/v1/session", self._create)
+        r.add_post("/eve/v1/session/{id}", self._send)
+        r.add_get("/eve/v1/session/{id}/stream", self._stream)
+        for action in ("cancel", "compact", "clear", "reset"):
+            r.add_post(f"/eve/v1/session/{{id}}/{action}", getattr(self, f"_{action}"))
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        for session in self.sessions.values():
+            if session.task:
+                session.task.cancel()
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    # -- helpers for tests ------------------------------------------------------------------
+
+    def sends(self) -> list[dict[str, Any]]:
+        return [b for m, p, b in self.requests if m == "POST" and p.count("/") == 4 and b is not None]
+
+    def routes(self, name: str) -> list[str]:
+        return [p for m, p, _ in self.requests if p.endswith("/" + name)]
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _auth(self, request: web.Request) -> web.Response | None:
+        if request.headers.get("authorization") != f"Bearer {self.token}":
+            return web.json_response(
+                {"code": "unauthorized", "error": "Authorization is required for this route.", "ok": False},
+                status=401, headers={"www-authenticate": "Bearer"},
+            )
+        if self.server_errors > 0:
+            self.server_errors -= 1
+            return web.json_response({"error": "Internal error", "ok": False}, status=500)
+        return None
+
+    async def _body(self, request: web.Request) -> Any:
+        raw = await request.read()
+        body = json.loads(raw) if raw.strip() else None
+        self.requests.append((request.method, request.path, body))
+        return body
+
+    def _session(self, request: web.Request) -> FakeSession | None:
+        return self.sessions.get(request.match_info["id"])
+
+    async def _emit(self, session: FakeSession, type_: str, data: dict[str, Any], deliveries: list[str]) -> None:
+        event = {"type": type_, "data": data,
+                 "meta": {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ"), "id": f"evt_{next(self._ids):08d}",
+                          "deliveryIds": list(deliveries)}}
+        async with self._changed:
+            session.events.append(event)
+            self._changed.notify_all()
+
+    # -- routes -----------------------------------------------------------------------------
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "status": "ready", "workflowId": "workflow//eve//workflowEntry"})
+
+    async def _info(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        return web.json_response({"agent": {"model": {"id": "fake/fake-model", "contextWindowTokens": self.window}},
+                                  "version": 5})
+
+    async def _create(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        body = await self._body(request)
+        session = FakeSession(id=f"wrun_{uuid.uuid4().hex[:20].upper()}")
+        self.sessions[session.id] = session
+        session.task = asyncio.create_task(self._run(session))
+        if body and "message" in body:
+            delivery = str(uuid.uuid4())
+            session.inputs.put_nowait(_Input("message", body["message"], delivery))
+        return web.json_response({"ok": True, "sessionId": session.id, "status": "accepted"}, status=202,
+                                 headers={"x-eve-session-id": session.id})
+
+    async def _send(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        body = await self._body(request) or {}
+        session = self._session(request)
+        if session is None or not session.active:
+            return web.json_response({"code": "session_not_active", "error": "The session is no longer active.",
+                                      "ok": False}, status=409)
+        if self.not_ready_sends > 0:
+            self.not_ready_sends -= 1
+            return web.json_response({"code": "session_not_ready",
+                                      "error": "The session is not ready to accept messages yet.", "ok": False},
+                                     status=409)
+        policy = body.get("turnPolicy", "steer")
+        if policy not in ("queue", "steer"):
+            return web.json_response({"error": "Expected 'turnPolicy' to be either 'queue' or 'steer'.", "ok": False},
+                                     status=400)
+        delivery = str(uuid.uuid4())
+        session.sends.append(body)
+        item = _Input("message", str(body.get("message", "")), delivery, policy)
+        if self.stuck:
+            pass  # accepted, never run (PROTOCOL.md §9)
+        elif session.running and policy == "steer" and not session.output_started:
+            session.steer.put_nowait(item)
+        else:
+            session.inputs.put_nowait(item)
+        return web.json_response({"ok": True, "sessionId": session.id, "status": "accepted",
+                                  "deliveryId": delivery}, status=202)
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        session = self._session(request)
+        if session is None:
+            return web.json_response({"error": "Session not found.", "ok": False}, status=404)
+        start = int(request.query.get("startIndex", "0"))
+        follow = request.query.get("follow") != "false"
+        if start < 0:
+            start = max(0, len(session.events) + start)
+        headers = {"content-type": "application/x-ndjson; charset=utf-8", "x-eve-stream-format": "ndjson",
+                   "x-eve-session-id": session.id}
+        if not follow or request.query.get("includeTailIndex") == "1":
+            headers["x-eve-stream-tail-index"] = str(len(session.events) - 1)
+        response = web.StreamResponse(headers=headers)
+        await response.prepare(request)
+        cut = None
+        if self.cut_streams > 0:
+            self.cut_streams -= 1
+            cut = self.cut_after
+        index, written = start, 0
+        tail_at_open = len(session.events)
+        while True:
+            async with self._changed:
+                while index >= len(session.events):
+                    if not follow and index >= tail_at_open:
+                        break
+                    if not session.active and index >= len(session.events):
+                        break
+                    await self._changed.wait()
+                batch = session.events[index:] if follow else session.events[index:tail_at_open]
+            if not batch:
+                break
+            for event in batch:
+                line = json.dumps(event, separators=(",", ":")).encode() + b"\n"
+                if cut is not None and written >= cut:
+                    await response.write(line[: len(line) // 2])
+                    assert request.transport is not None
+                    request.transport.close()
+                    return response
+                if self.garbage_every and (index + 1) % self.garbage_every == 0:
+                    await response.write(b"{this is not json\n")
+                await response.write(line)
+                written += 1
+                index += 1
+                if event["type"] == "session.completed":
+                    await response.write_eof()
+                    return response
+            if not follow and index >= tail_at_open:
+                break
+        await response.write_eof()
+        return response
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        await self._body(request)
+        session = self._session(request)
+        if session is None or not session.active:
+            return web.json_response({"ok": True, "status": "no_active_turn"})
+        session.cancel.set()
+        return web.json_response({"ok": True, "sessionId": session.id, "status": "accepted"}, status=202)
+
+    async def _compact(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        await self._body(request)
+        session = self._session(request)
+        if session is None or not session.active:
+            return web.json_response({"ok": True, "status": "no_active_session"})
+        if self.compact_ack_delay:
+            await asyncio.sleep(self.compact_ack_delay)
+        if not self.stuck:
+            session.inputs.put_nowait(_Input("compact"))
+        return web.json_response({"ok": True, "sessionId": session.id, "status": "accepted"}, status=202)
+
+    async def _clear(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        await self._body(request)
+        session = self._session(request)
+        if session is None or not session.active:
+            return web.json_response({"ok": True, "status": "no_active_session"})
+        session.inputs.put_nowait(_Input("clear"))
+        return web.json_response({"ok": True, "sessionId": session.id, "status": "accepted"}, status=202)
+
+    async def _reset(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        await self._body(request)
+        session = self._session(request)
+        if session is None or not session.active:
+            return web.json_response({"ok": True, "status": "no_active_session"})
+        if self.stuck:
+            await asyncio.sleep(30)
+            return web.json_response({"error": "Failed to reset the session.", "ok": False}, status=500)
+        if session.running:
+            session.cancel.set()
+            for _ in range(200):
+                if not session.running:
+                    break
+                await asyncio.sleep(0.01)
+        session.active = False
+        if session.task:
+            session.task.cancel()
+        await self._emit(session, "session.completed", {"usage": self._usage(session)}, [])
+        return web.json_response({"ok": True, "previousSessionId": session.id, "status": "reset"})
+
+    # -- the agent --------------------------------------------------------------------------
+
+    def _usage(self, s: FakeSession) -> dict[str, int]:
+        return {"cacheReadTokens": 0, "cacheWriteTokens": 0, "inputTokens": s.usage_in, "outputTokens": s.usage_out}
+
+    async def _waiting(self, s: FakeSession, deliveries: list[str]) -> None:
+        await self._emit(s, "session.waiting", {"continuationToken": s.id, "usage": self._usage(s),
+                                                "wait": "next-user-message"}, deliveries)
+
+    async def _run(self, s: FakeSession) -> None:
+        while True:
+            item = await s.inputs.get()
+            if item.kind == "message":
+                await self._turn(s, item)
+            elif item.kind == "compact":
+                await self._compaction(s)
+            elif item.kind == "clear":
+                turn = {"sequence": s.sequence, "sessionId": s.id, "turnId": f"turn_{s.sequence}"}
+                s.history_chars = 0
+                await self._emit(s, "context.cleared", turn, [])
+                await self._waiting(s, [])
+
+    async def _sleep_or(self, s: FakeSession, seconds: float) -> str:
+        """Sleep, unless a steer or a cancel comes first."""
+        steer = asyncio.ensure_future(s.steer.get())
+        cancel = asyncio.ensure_future(s.cancel.wait())
+        done, pending = await asyncio.wait({steer, cancel}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        if cancel in done:
+            if steer in done:
+                s.steer.put_nowait(steer.result())
+            return "cancel"
+        if steer in done:
+            s.steer.put_nowait(steer.result())
+            return "steer"
+        return "timeout"
+
+    async def _turn(self, s: FakeSession, item: _Input) -> None:
+        s.running, s.output_started = True, False
+        s.cancel.clear()
+        self.max_concurrent_turns = max(self.max_concurrent_turns, 1)
+        deliveries = [item.delivery]
+        seq = s.sequence
+        turn = {"sequence": seq, "turnId": f"turn_{seq}"}
+        if not s.started:
+            s.started = True
+            await self._emit(s, "session.started", {"runtime": {"agentId": "fake", "agentName": "fake",
+                                                                "eveVersion": "0.80.1"}}, deliveries)
+        await self._emit(s, "turn.started", turn, deliveries)
+        texts = [item.text]
+        await self._emit(s, "message.received", {"message": item.text, "parts": [{"text": item.text, "type": "text"}],
+                                                 **turn}, deliveries)
+        step = 0
+        try:
+            while True:
+                await self._emit(s, "step.started", {"modelId": "fake/fake-model", "stepIndex": step, **turn}, deliveries)
+                clean, marks = _markers(texts[-1])
+                delay = float(marks.get("delay") or 0) + self.step_delay
+                outcome = await self._sleep_or(s, delay) if delay else "timeout"
+                if outcome == "timeout" and not s.steer.empty():
+                    outcome = "steer"
+                if outcome == "cancel":
+                    await self._emit(s, "turn.cancelled", turn, deliveries)
+                    return
+                if outcome == "steer":
+                    steer = s.steer.get_nowait()
+                    deliveries.append(steer.delivery)
+                    texts.append(steer.text)
+                    await self._emit(s, "step.completed", {"finishReason": "other", "stepIndex": step, **turn}, deliveries)
+                    await self._emit(s, "message.received", {"message": steer.text,
+                                                             "parts": [{"text": steer.text, "type": "text"}], **turn},
+                                     deliveries)
+                    step += 1
+                    continue
+                if "fail" in marks:
+                    await self._emit(s, "step.failed", {"code": "MODEL_CALL_FAILED", "stepIndex": step, **turn}, deliveries)
+                    await self._emit(s, "turn.failed", {"code": "MODEL_CALL_FAILED",
+                                                        "details": {"message": "AI_RetryError: Failed after 3 attempts"},
+                                                        **turn}, deliveries)
+                    return
+                tokens = int(marks["tokens"]) if marks.get("tokens") else math.ceil((s.history_chars + 400) / 4)
+                if "tool" in marks and step == 0:
+                    call = f"call_fake_{seq}_{step}"
+                    await self._emit(s, "actions.requested", {"actions": [{"callId": call, "input": {},
+                                                                           "kind": "tool-call", "toolName": marks["tool"]}],
+                                                              "stepIndex": step, **turn}, deliveries)
+                    await self._emit(s, "action.result", {"result": {"callId": call, "kind": "tool-result",
+                                                                     "output": {"ok": True}, "toolName": marks["tool"]},
+                                                          "status": "completed", "stepIndex": step, **turn}, deliveries)
+                    await self._emit(s, "step.completed", {"finishReason": "tool-calls", "stepIndex": step, **turn,
+                                                           "usage": {"inputTokens": tokens, "outputTokens": 5,
+                                                                     "cacheReadTokens": 0}}, deliveries)
+                    s.usage_in += tokens
+                    step += 1
+                    continue
+                cleaned = [_markers(t)[0] for t in texts]
+                reply = marks.get("reply") or "echo: " + "\n\n".join(cleaned)
+                s.output_started = True
+                await self._emit(s, "message.appended", {"messageDelta": reply, "stepIndex": step, **turn}, deliveries)
+                await self._emit(s, "message.completed", {"finishReason": "stop", "message": reply, "stepIndex": step,
+                                                          **turn}, deliveries)
+                await self._emit(s, "step.completed", {"finishReason": "stop", "stepIndex": step, **turn,
+                                                       "usage": {"inputTokens": tokens, "outputTokens": len(reply) // 4,
+                                                                 "cacheReadTokens": 0}}, deliveries)
+                s.usage_in += tokens
+                s.usage_out += len(reply) // 4
+                s.history_chars += sum(len(t) for t in texts) + len(reply)
+                await self._emit(s, "turn.completed", turn, deliveries)
+                return
+        finally:
+            s.sequence += 1
+            s.turns_run += 1
+            s.running = False
+            # Steers that came after output started run as the next turn (PROTOCOL.md §4).
+            while not s.steer.empty():
+                s.inputs.put_nowait(s.steer.get_nowait())
+            if s.active:
+                await self._waiting(s, deliveries)
+
+    async def _compaction(self, s: FakeSession) -> None:
+        s.running = True
+        s.cancel.clear()
+        seq = s.sequence
+        turn = {"sequence": seq, "sessionId": s.id, "stepIndex": 0, "turnId": f"turn_{seq}"}
+        await self._emit(s, "compaction.requested", {"modelId": "fake/fake-model", **turn,
+                                                     "usageInputTokens": s.history_chars / 4 + 31.75}, [])
+        outcome = await self._sleep_or(s, self.summary_delay) if self.summary_delay else "timeout"
+        s.running = False
+        if outcome == "cancel":
+            await self._waiting(s, [])
+            await self._waiting(s, [])  # eve emits it twice after a cancelled compaction (§5)
+            return
+        if self.summary_fail:
+            await self._waiting(s, [])
+            return
+        s.history_chars = min(s.history_chars, 400)
+        await self._emit(s, "compaction.completed", {"modelId": "fake/fake-model", **turn}, [])
+        await self._waiting(s, [])

@@ -1,0 +1,263 @@
+"""A fake Telegram Bot API server that aiogram really talks to, over loopback HTTP.
+
+It keeps updates with real ``getUpdates`` offset semantics (an update is gone only once a
+later call's offset passes it), records every method call, and injects faults per method:
+``fail("sendMessage", 429, retry_after=1)``, 5xx, 403 (blocked) or a dropped connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+TOKEN = "123456:TEST-token-abcdefghijklmnopqrstuv"
+BOT_ID = 123456
+BOT_USERNAME = "iva_test_bot"
+
+_JSON_FIELDS = {"entities", "reply_parameters", "reaction", "commands", "reply_markup", "allowed_updates",
+                "link_preview_options", "scope", "caption_entities"}
+_INT_FIELDS = {"chat_id", "message_id", "offset", "limit", "timeout", "message_thread_id", "user_id"}
+
+
+@dataclass
+class Call:
+    method: str
+    params: dict[str, Any]
+    at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Fault:
+    status: int
+    description: str
+    retry_after: int | None = None
+    drop: bool = False
+
+
+class FakeTelegram:
+    def __init__(self) -> None:
+        self.updates: list[dict[str, Any]] = []
+        self.confirmed = 0  # every update_id below this was confirmed by an offset
+        self.calls: list[Call] = []
+        self.faults: dict[str, list[Fault]] = {}
+        self.handed: list[int] = []  # update ids handed out by getUpdates, in order
+        self._update_ids = itertools.count(1000)
+        self._message_ids = itertools.count(1)
+        self._changed = asyncio.Condition()
+        self.blocked_chats: set[int] = set()
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/bot{token}/{method}", self._handle)
+        app.router.add_get("/bot{token}/{method}", self._handle)
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    # -- what a test does -------------------------------------------------------------------
+
+    def fail(self, method: str, status: int, description: str = "", *, retry_after: int | None = None,
+             times: int = 1, drop: bool = False) -> None:
+        desc = description or {429: "Too Many Requests: retry after %s" % retry_after,
+                               403: "Forbidden: bot was blocked by the user",
+                               500: "Internal Server Error", 502: "Bad Gateway"}.get(status, "Bad Request")
+        self.faults.setdefault(method, []).extend(Fault(status, desc, retry_after, drop) for _ in range(times))
+
+    async def add_update(self, update: dict[str, Any]) -> int:
+        update_id = next(self._update_ids)
+        update = {"update_id": update_id, **update}
+        async with self._changed:
+            self.updates.append(update)
+            self._changed.notify_all()
+        return update_id
+
+    async def message(
+        self,
+        text: str | None,
+        *,
+        user_id: int = 1,
+        chat_id: int | None = None,
+        chat_type: str = "private",
+        first_name: str = "Ann",
+        language_code: str = "en",
+        thread_id: int | None = None,
+        is_topic: bool = False,
+        reply_to_bot: bool = False,
+        entities: list[dict[str, Any]] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Make a user write a message; returns the message as the bot will see it."""
+        chat_id = user_id if chat_id is None else chat_id
+        message_id = next(self._message_ids)
+        chat: dict[str, Any] = {"id": chat_id, "type": chat_type}
+        if chat_type == "private":
+            chat["first_name"] = first_name
+        else:
+            chat["title"] = "Group"
+            if is_topic or thread_id:
+                chat["is_forum"] = True
+        message: dict[str, Any] = {
+            "message_id": message_id,
+            "date": int(time.time()),
+            "chat": chat,
+            "from": {"id": user_id, "is_bot": False, "first_name": first_name, "language_code": language_code},
+        }
+        if text is not None:
+            message["text"] = text
+            if entities is None and text.startswith("/"):
+                command = text.split()[0]
+                entities = [{"type": "bot_command", "offset": 0, "length": len(command)}]
+            if entities:
+                message["entities"] = entities
+        if thread_id is not None:
+            message["message_thread_id"] = thread_id
+        if is_topic:
+            message["is_topic_message"] = True
+        if reply_to_bot:
+            message["reply_to_message"] = {
+                "message_id": 999_000 + message_id, "date": int(time.time()), "chat": chat,
+                "from": {"id": BOT_ID, "is_bot": True, "first_name": "Iva", "username": BOT_USERNAME},
+                "text": "earlier answer",
+            }
+        if extra:
+            message.update(extra)
+        await self.add_update({"message": message})
+        return message
+
+    def sent(self, chat_id: int | None = None) -> list[dict[str, Any]]:
+        """Every sendMessage that succeeded, in order."""
+        return [c.params for c in self.calls if c.method == "sendMessage" and c.params.get("_ok")
+                and (chat_id is None or c.params.get("chat_id") == chat_id)]
+
+    def texts(self, chat_id: int | None = None) -> list[str]:
+        return [p["text"] for p in self.sent(chat_id)]
+
+    def calls_of(self, method: str) -> list[dict[str, Any]]:
+        return [c.params for c in self.calls if c.method == method]
+
+    async def wait_for(self, predicate: Any, timeout: float = 15.0, what: str = "condition") -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"timed out waiting for {what}; sent={self.texts()!r}")
+
+    async def wait_texts(self, count: int, chat_id: int | None = None, timeout: float = 15.0) -> list[str]:
+        await self.wait_for(lambda: len(self.texts(chat_id)) >= count, timeout, f"{count} messages")
+        return self.texts(chat_id)
+
+    # -- the Bot API ------------------------------------------------------------------------
+
+    async def _params(self, request: web.Request) -> dict[str, Any]:
+        if request.content_type == "application/json":
+            raw = await request.json()
+        else:
+            raw = dict(await request.post())
+        params: dict[str, Any] = {}
+        for key, value in raw.items():
+            if isinstance(value, str) and key in _JSON_FIELDS:
+                value = json.loads(value)
+            elif isinstance(value, str) and key in _INT_FIELDS:
+                value = int(value)
+            params[key] = value
+        return params
+
+    def _error(self, fault: Fault) -> web.Response:
+        body: dict[str, Any] = {"ok": False, "error_code": fault.status, "description": fault.description}
+        if fault.retry_after is not None:
+            body["parameters"] = {"retry_after": fault.retry_after}
+        return web.json_response(body, status=fault.status)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        method = request.match_info["method"]
+        if request.match_info["token"] != TOKEN:
+            return web.json_response({"ok": False, "error_code": 401, "description": "Unauthorized"}, status=401)
+        params = await self._params(request)
+        call = Call(method, params)
+        self.calls.append(call)
+        queue = self.faults.get(method)
+        if queue:
+            fault = queue.pop(0)
+            if fault.drop:
+                assert request.transport is not None
+                request.transport.close()
+                return web.Response(status=500)
+            return self._error(fault)
+        handler = getattr(self, f"_m_{method}", None)
+        result = await handler(params) if handler else True
+        if isinstance(result, Fault):
+            return self._error(result)
+        params["_ok"] = True
+        return web.json_response({"ok": True, "result": result})
+
+    async def _m_getMe(self, _: dict[str, Any]) -> dict[str, Any]:
+        return {"id": BOT_ID, "is_bot": True, "first_name": "Iva", "username": BOT_USERNAME,
+                "can_join_groups": True, "can_read_all_group_messages": False, "supports_inline_queries": False}
+
+    async def _m_getUpdates(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        offset = params.get("offset")
+        if offset:
+            self.confirmed = max(self.confirmed, int(offset))
+        limit = int(params.get("limit") or 100)
+        timeout = float(params.get("timeout") or 0)
+        deadline = time.monotonic() + timeout
+        async with self._changed:
+            while True:
+                ready = [u for u in self.updates if u["update_id"] >= self.confirmed][:limit]
+                if ready or time.monotonic() >= deadline:
+                    break
+                try:
+                    await asyncio.wait_for(self._changed.wait(), deadline - time.monotonic())
+                except TimeoutError:
+                    pass
+        self.handed.extend(u["update_id"] for u in ready)
+        return ready
+
+    async def _m_sendMessage(self, params: dict[str, Any]) -> dict[str, Any] | Fault:
+        chat_id = int(params["chat_id"])
+        if chat_id in self.blocked_chats:
+            return Fault(403, "Forbidden: bot was blocked by the user")
+        if params.get("message_thread_id") == 1:
+            return Fault(400, "Bad Request: message thread not found")
+        text = params.get("text", "")
+        if not text.strip():
+            return Fault(400, "Bad Request: message text is empty")
+        if len(text.encode("utf-16-le")) // 2 > 4096:
+            return Fault(400, "Bad Request: message is too long")
+        message_id = next(self._message_ids)
+        params["_message_id"] = message_id
+        return {"message_id": message_id, "date": int(time.time()),
+                "chat": {"id": chat_id, "type": "private"}, "text": text,
+                "from": {"id": BOT_ID, "is_bot": True, "first_name": "Iva"}}
+
+    async def _m_setMessageReaction(self, params: dict[str, Any]) -> bool:
+        return True
+
+    async def _m_sendChatAction(self, params: dict[str, Any]) -> bool:
+        return True
+
+    async def _m_setMyCommands(self, params: dict[str, Any]) -> bool:
+        return True
+
+    async def _m_answerCallbackQuery(self, params: dict[str, Any]) -> bool:
+        return True
