@@ -136,3 +136,69 @@ async def bridge(daemon_factory, fake_eve: FakeEve) -> Daemon:
     daemon = daemon_factory(fake_eve.url, fake_eve.token)
     await daemon.start()
     return daemon
+
+
+# -- the real eve (../shared/eve-peer) --------------------------------------------------------
+
+EVE_PEER = Path(os.environ.get("IVA_EVE_PEER_DIR", ROOT.parent / "shared" / "eve-peer"))
+
+
+class RealEve:
+    def __init__(self, env: dict[str, str], run_dir: Path) -> None:
+        self.env = env
+        self.url = env["EVE_BASE_URL"]
+        self.token = env["EVE_PEER_TOKEN"]
+        self.llm_url = env["FAKE_LLM_BASE_URL"]
+        self.run_dir = run_dir
+
+    def llm_requests(self) -> list[dict[str, Any]]:
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.llm_url}/requests", timeout=10) as response:
+            data = json.loads(response.read())
+        return data["requests"] if isinstance(data, dict) else data
+
+
+@pytest.fixture(scope="session")
+def real_eve(tmp_path_factory) -> RealEve:
+    """One real eve + scripted model for the whole session (contract tests, SPEC via PROTOCOL.md)."""
+    import subprocess
+
+    if os.environ.get("IVA_SKIP_REAL_EVE") == "1":
+        pytest.skip("IVA_SKIP_REAL_EVE=1: real-eve contract tests skipped on request")
+    if not (EVE_PEER / "start.sh").exists():
+        pytest.fail(f"no eve-peer at {EVE_PEER}; set IVA_EVE_PEER_DIR")
+    run_dir = tmp_path_factory.mktemp("eve-peer")
+    env = {**os.environ, "EVE_PORT": os.environ.get("IVA_TEST_EVE_PORT", "2391"),
+           "FAKE_LLM_PORT": os.environ.get("IVA_TEST_LLM_PORT", "4391"), "EVE_PEER_RUN_DIR": str(run_dir)}
+    done = subprocess.run(["bash", str(EVE_PEER / "start.sh")], env=env, capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        pytest.fail(f"eve-peer did not start:\n{done.stdout}\n{done.stderr}")
+    values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    peer = RealEve(values, run_dir)
+    yield peer
+    subprocess.run(["bash", str(EVE_PEER / "stop.sh")], env=env, capture_output=True, timeout=60,
+                   stdin=subprocess.DEVNULL)
+
+
+class Backend:
+    """Either eve: the fake (with fault controls) or the real one (contract)."""
+
+    def __init__(self, name: str, url: str, token: str, fake: FakeEve | None, real: RealEve | None) -> None:
+        self.name, self.url, self.token, self.fake, self.real = name, url, token, fake, real
+
+
+@pytest.fixture(params=["fake", "real"])
+async def backend(request) -> AsyncIterator[Backend]:
+    if request.param == "fake":
+        fake = FakeEve()
+        await fake.start()
+        try:
+            yield Backend("fake", fake.url, fake.token, fake, None)
+        finally:
+            await fake.stop()
+    else:
+        real = request.getfixturevalue("real_eve")
+        yield Backend("real", real.url, real.token, None, real)

@@ -31,7 +31,7 @@ _MARKER = re.compile(r"\[\[(\w+)(?:=([^\]]*))?\]\]")
 
 def _markers(text: str) -> tuple[str, dict[str, str]]:
     found = {m.group(1): (m.group(2) or "") for m in _MARKER.finditer(text)}
-    return _MARKER.sub("", text).strip(), found
+    return re.sub(r"\s+", " ", _MARKER.sub("", text)).strip(), found  # as fake_llm.strip_markers
 
 
 @dataclass
@@ -78,7 +78,7 @@ class FakeEve:
         self.summary_delay = 0.0
         self.summary_fail = False
         self.step_delay = 0.0
-        self.max_concurrent_turns = 0  # observed, per session, for "never two turns at once"
+        self.sends_while_running = 0  # queue-policy sends that reached a running turn
         self._changed = asyncio.Condition()
         self._ids = itertools.count(1)
         self.runner: web.AppRunner | None = None
@@ -190,6 +190,8 @@ class FakeEve:
                                      status=400)
         delivery = str(uuid.uuid4())
         session.sends.append(body)
+        if session.running and policy == "queue":
+            self.sends_while_running += 1
         item = _Input("message", str(body.get("message", "")), delivery, policy)
         if self.stuck:
             pass  # accepted, never run (PROTOCOL.md §9)
@@ -349,7 +351,6 @@ class FakeEve:
     async def _turn(self, s: FakeSession, item: _Input) -> None:
         s.running, s.output_started = True, False
         s.cancel.clear()
-        self.max_concurrent_turns = max(self.max_concurrent_turns, 1)
         deliveries = [item.delivery]
         seq = s.sequence
         turn = {"sequence": seq, "turnId": f"turn_{seq}"}
@@ -404,8 +405,8 @@ class FakeEve:
                     s.usage_in += tokens
                     step += 1
                     continue
-                cleaned = [_markers(t)[0] for t in texts]
-                reply = marks.get("reply") or "echo: " + "\n\n".join(cleaned)
+                # Like the fake LLM: echo the latest user message, markers stripped.
+                reply = marks.get("reply") or "echo: " + clean
                 s.output_started = True
                 await self._emit(s, "message.appended", {"messageDelta": reply, "stepIndex": step, **turn}, deliveries)
                 await self._emit(s, "message.completed", {"finishReason": "stop", "message": reply, "stepIndex": step,

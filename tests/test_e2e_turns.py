@@ -1,0 +1,92 @@
+"""Turn scenarios run against the fake eve and the real eve alike (contract: T1, T3, T4, T6, T7)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.conftest import OWNER
+
+
+@pytest.fixture
+async def daemon(daemon_factory, backend):
+    d = daemon_factory(backend.url, backend.token)
+    await d.start()
+    return d
+
+
+async def test_owner_message_gets_eve_reply(tg, backend, daemon):
+    """An owner's private message is answered with eve's reply, exactly once."""
+    await tg.message("hello world", user_id=OWNER)
+    assert await tg.wait_texts(1, timeout=30) == ["echo: hello world"]
+    await asyncio.sleep(0.5)
+    assert tg.texts() == ["echo: hello world"]
+    chat = daemon.chat(str(OWNER))
+    assert chat["status"] == "idle" and chat["eve_session"].startswith("wrun_")
+    assert chat["measurement"] and chat["measurement"] > 0
+
+
+async def test_messages_while_busy_wait_and_are_answered_in_order(tg, backend, daemon):
+    """T3/T4 queue policy: five messages while busy all get answered, in order, one turn at a time."""
+    await tg.message("first [[delay=1.5]]", user_id=OWNER)
+    await tg.wait_for(lambda: daemon.chat(str(OWNER)) and daemon.chat(str(OWNER))["status"] == "busy", 20, "busy")
+    for n in range(2, 7):
+        await tg.message(f"m{n}", user_id=OWNER)
+    texts = await tg.wait_texts(2, timeout=40)
+    await tg.wait_for(lambda: daemon.chat(str(OWNER))["status"] == "idle", 20, "idle")
+    texts = tg.texts()
+    assert texts[0] == "echo: first"
+    # The five waiting messages went as one turn, in arrival order (the echo folds whitespace).
+    assert texts[1:] == ["echo: m2 m3 m4 m5 m6"]
+    # Each waiting message got the receipt, after its commit; the first did not wait.
+    reactions = tg.calls_of("setMessageReaction")
+    assert len(reactions) == 5
+    if backend.fake is not None:
+        assert backend.fake.sends_while_running == 0
+        assert [b["turnPolicy"] for b in backend.fake.sends()] == ["queue", "queue"]
+
+
+async def test_immediate_policy_steers_the_running_turn(tg, backend, daemon_factory):
+    """T4 immediate: a message during a turn goes to eve at once, with turnPolicy steer."""
+    d = daemon_factory(backend.url, backend.token, IVA_TURN_POLICY="immediate")
+    await d.start()
+    await tg.message("slow one [[delay=3]]", user_id=OWNER)
+    await tg.wait_for(lambda: d.chat(str(OWNER)) and d.chat(str(OWNER))["status"] == "busy", 20, "busy")
+    await asyncio.sleep(0.3)
+    await tg.message("actually, this", user_id=OWNER)
+    texts = await tg.wait_texts(1, timeout=30)
+    await tg.wait_for(lambda: d.chat(str(OWNER))["status"] == "idle", 20, "idle")
+    # eve folded the steer into the running turn: one answer, to the latest message.
+    assert tg.texts() == ["echo: actually, this"]
+    assert texts
+    assert [r["reaction"][0]["emoji"] for r in tg.calls_of("setMessageReaction")] == ["⚡"]
+    if backend.fake is not None:
+        assert [b["turnPolicy"] for b in backend.fake.sends()] == ["queue", "steer"]
+
+
+async def test_restart_replays_the_stream_without_duplicates(tg, backend, daemon):
+    """T7: after a restart the stream is read again from the cursor; nothing is sent twice."""
+    await tg.message("one", user_id=OWNER)
+    await tg.wait_texts(1, timeout=30)
+    await daemon.terminate()
+    await daemon.start()
+    await tg.message("two", user_id=OWNER)
+    await tg.wait_texts(2, timeout=30)
+    await asyncio.sleep(0.5)
+    assert tg.texts() == ["echo: one", "echo: two"]
+
+
+async def test_new_resets_the_session(tg, backend, daemon):
+    """M7: /new retires the eve session; the next message runs in a new one."""
+    await tg.message("before", user_id=OWNER)
+    await tg.wait_texts(1, timeout=30)
+    first = daemon.chat(str(OWNER))["eve_session"]
+    await tg.message("/new", user_id=OWNER)
+    await tg.wait_texts(2, timeout=30)
+    assert tg.texts()[1] == "New conversation started."
+    await tg.message("after", user_id=OWNER)
+    await tg.wait_texts(3, timeout=30)
+    assert tg.texts()[2] == "echo: after"
+    second = daemon.chat(str(OWNER))["eve_session"]
+    assert second and second != first
