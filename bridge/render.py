@@ -6,6 +6,7 @@ the split happens after rendering, clipping entities at the cut, so no chunk bre
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import telegramify_markdown
@@ -47,8 +48,50 @@ def render(text: str, *, markdown: bool = True, limit: int = MAX_MESSAGE) -> lis
             body, entities = text, []
     else:
         body, entities = text, []
-    chunks = telegramify_markdown.split_entities(body, entities, limit)
     return [
         Chunk(part, tuple(MessageEntity(**e.to_dict()) for e in part_entities))
-        for part, part_entities in chunks
+        for part, part_entities in _split(body, entities, limit)
     ]
+
+
+def _u16(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def _split(text: str, entities: list, limit: int) -> list[tuple[str, list]]:
+    """Cut at a paragraph, else a line, else a space, else hard; entities are clipped per part."""
+    parts: list[tuple[int, int]] = []  # python index ranges
+    start = 0
+    while start < len(text):
+        end = len(text)
+        if _u16(text[start:end]) > limit:
+            # the longest prefix within the limit
+            lo, hi = start, len(text)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if _u16(text[start:mid]) <= limit:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            end = lo
+            window = text[start:end]
+            for sep in ("\n\n", "\n", " "):
+                cut = window.rfind(sep)
+                if cut > len(window) // 3:
+                    end = start + cut + len(sep)
+                    break
+        parts.append((start, end))
+        start = end
+    out: list[tuple[str, list]] = []
+    for begin, end in parts:
+        piece = text[begin:end]
+        if not piece.strip():
+            continue
+        u_begin, u_end = _u16(text[:begin]), _u16(text[:end])
+        clipped = []
+        for e in entities:
+            lo, hi = max(e.offset, u_begin), min(e.offset + e.length, u_end)
+            if hi > lo:
+                clipped.append(dataclasses.replace(e, offset=lo - u_begin, length=hi - lo))
+        out.append((piece, clipped))
+    return out

@@ -266,12 +266,14 @@ class EveClient:
             if not line.strip():
                 continue
             item = parse_event(line, index)
-            index += 1
             if isinstance(item, MalformedLine):
+                # Not counted as an index: if it was one, the cursor lags and a resume reads one
+                # event again (harmless, events have stable ids); counting it could skip one.
                 log.warning("eve_stream_malformed_line", extra={"session_id": session_id, "index": item.index, "error": item.error})
                 if self._on_malformed is not None:
                     self._on_malformed(session_id, item)
                 continue
+            index += 1
             yield item
 
 

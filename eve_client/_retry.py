@@ -46,7 +46,7 @@ class RetryPolicy:
         )
         return AsyncRetrying(
             stop=stop_after_attempt(self.attempts) | stop_after_delay(self.deadline),
-            wait=wait_exponential_jitter(initial=self.initial_wait, max=self.max_wait, jitter=self.jitter),
+            wait=wait_exponential_jitter(multiplier=self.initial_wait, max=self.max_wait, jitter=self.jitter),
             retry=retry_if_exception_type(retryable),
             reraise=True,
         )

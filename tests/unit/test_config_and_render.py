@@ -1,0 +1,78 @@
+"""Config validation (SPEC §2), rendering/splitting (T6), addressing (T2), exported names."""
+
+from __future__ import annotations
+
+import pytest
+
+import diskqueue
+import eve_client
+from bridge.config import ConfigError, Settings
+from bridge.render import render
+from bridge.texts import pick_lang
+
+GOOD = {
+    "IVA_TELEGRAM_TOKEN": "123456:ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+    "IVA_EVE_URL": "http://127.0.0.1:3000",
+    "IVA_OWNER_IDS": "1, 2",
+}
+
+
+def test_good_config_reads_defaults():
+    s = Settings.from_env(GOOD)
+    assert s.owner_ids == {1, 2} and s.turn_policy == "queue" and s.lang == "ru"
+    assert (s.compact_percent, s.compact_ceiling, s.manual_compact_min) == (60, 110_000, 30_000)
+    assert (s.compact_ack_seconds, s.busy_timeout) == (5.0, 900.0)
+    assert "ABCDEFG" not in repr(s)  # the token never shows
+
+
+def test_every_bad_value_gets_its_own_message():
+    env = {**GOOD, "IVA_TELEGRAM_TOKEN": "nope", "IVA_TURN_POLICY": "eventually", "IVA_COMPACT_PERCENT": "150",
+           "IVA_OWNER_IDS": "1,bob", "IVA_EVE_URL": "ftp://x", "IVA_BUSY_TIMEOUT": "soon"}
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env(env)
+    text = "\n".join(caught.value.problems)
+    for name in ("IVA_TELEGRAM_TOKEN", "IVA_TURN_POLICY", "IVA_COMPACT_PERCENT", "IVA_OWNER_IDS", "IVA_EVE_URL",
+                 "IVA_BUSY_TIMEOUT"):
+        assert name in text
+    assert len(caught.value.problems) == 6
+
+
+def test_missing_required_values():
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({})
+    assert len(caught.value.problems) == 3
+
+
+def test_state_dir_falls_back_to_systemd_state_directory():
+    assert str(Settings.from_env({**GOOD, "STATE_DIRECTORY": "/var/lib/iva"}).state_dir) == "/var/lib/iva"
+    assert str(Settings.from_env({**GOOD, "IVA_STATE_DIR": "/x", "STATE_DIRECTORY": "/y"}).state_dir) == "/x"
+
+
+def test_language_follows_the_user_else_the_operator():
+    assert pick_lang("en-GB", "ru") == "en"
+    assert pick_lang("de", "ru") == "ru"
+    assert pick_lang(None, "en") == "en"
+
+
+def test_split_prefers_paragraphs_and_keeps_entities_within_parts():
+    text = "**Title**\n\n" + ("para " * 500 + "\n\n") * 4
+    parts = render(text)
+    assert len(parts) > 1
+    for part in parts:
+        assert len(part.text.encode("utf-16-le")) // 2 <= 4096
+        for e in part.entities:
+            assert e.offset + e.length <= len(part.text.encode("utf-16-le")) // 2
+    assert parts[0].entities[0].type == "bold"
+
+
+def test_emoji_offsets_are_utf16():
+    [part] = render("😀 **x**")
+    assert part.entities[0].offset == 3  # the emoji is two UTF-16 units
+
+
+@pytest.mark.parametrize("module", [eve_client, diskqueue])
+def test_all_is_complete_and_sorted(module):
+    public = {n for n in dir(module) if not n.startswith("_") and n[0].isupper() or n == "parse_event"}
+    public &= {n for n in dir(module) if not n.startswith("_")}
+    assert sorted(module.__all__) == list(module.__all__)
+    assert public <= set(module.__all__)

@@ -1,0 +1,180 @@
+"""eve_client: routes, events, errors and retries (httpx.MockTransport and the fake eve)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+import eve_client as eve
+
+FAST = eve.RetryPolicy(attempts=3, deadline=5, initial_wait=0.0, max_wait=0.01, jitter=0.0)
+
+
+def _client(handler, **kw) -> eve.EveClient:
+    return eve.EveClient("http://eve.test", token="t", transport=httpx.MockTransport(handler), retry=FAST, **kw)
+
+
+def _line(type_: str, n: int, **data) -> str:
+    return json.dumps({"type": type_, "data": data, "meta": {"id": f"evt_{n}", "deliveryIds": ["d1"]}})
+
+
+def test_parse_event_is_typed_with_index_and_meta():
+    """Events are frozen, typed, and carry their absolute index, meta.id and delivery ids."""
+    event = eve.parse_event(_line("step.completed", 7, usage={"inputTokens": 120000, "outputTokens": 5}), 41)
+    assert isinstance(event, eve.StepCompleted)
+    assert (event.index, event.id, event.delivery_ids) == (41, "evt_7", ("d1",))
+    assert event.usage == eve.Usage(120000, 5, None)
+    with pytest.raises(AttributeError):
+        event.index = 3  # type: ignore[misc]
+
+
+def test_unknown_event_type_passes_through_as_generic_event():
+    event = eve.parse_event(_line("something.new", 1, x=1), 0)
+    assert type(event) is eve.Event and event.type == "something.new"
+
+
+def test_malformed_lines_are_reported_not_raised():
+    assert isinstance(eve.parse_event("{nope", 3), eve.MalformedLine)
+    assert isinstance(eve.parse_event('{"type": "x", "data": {}}', 3), eve.MalformedLine)  # no meta.id
+    assert isinstance(eve.parse_event("[1,2]", 3), eve.MalformedLine)
+
+
+def test_compaction_requested_keeps_a_fractional_estimate():
+    event = eve.parse_event(_line("compaction.requested", 1, usageInputTokens=131.75), 0)
+    assert isinstance(event, eve.CompactionRequested) and event.usage_input_tokens == 131.75
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error"),
+    [
+        (409, {"code": "session_not_active", "error": "gone", "ok": False}, eve.SessionNotActive),
+        (409, {"code": "session_stranded", "eveVersion": "0.81.0", "ok": False}, eve.SessionStranded),
+        (404, {"error": "Session not found.", "ok": False}, eve.SessionNotFound),
+        (401, {"code": "unauthorized", "ok": False}, eve.EveUnauthorized),
+        (400, {"error": "Expected 'turnPolicy'", "ok": False}, eve.EveRejected),
+    ],
+)
+async def test_errors_map_to_one_tree(status, body, error):
+    async with _client(lambda r: httpx.Response(status, json=body)) as client:
+        with pytest.raises(error) as caught:
+            await client.send("wrun_1", "hi")
+    assert isinstance(caught.value, eve.EveError) and caught.value.status == status
+
+
+async def test_not_ready_is_retried_then_succeeds():
+    """409 session_not_ready is retryable: bounded retries until eve accepts."""
+    answers = [httpx.Response(409, json={"code": "session_not_ready", "ok": False})] * 2 + [
+        httpx.Response(202, json={"ok": True, "sessionId": "wrun_1", "deliveryId": "d-9"})
+    ]
+    seen = []
+
+    def handler(request):
+        seen.append(json.loads(request.content))
+        return answers[len(seen) - 1]
+
+    async with _client(handler) as client:
+        delivery = await client.send("wrun_1", "hi", turn_policy="queue", client_context=["[state] x"])
+    assert delivery == eve.Delivery("wrun_1", "d-9")
+    assert seen[0] == {"message": "hi", "turnPolicy": "queue", "clientContext": ["[state] x"]}
+    assert len(seen) == 3
+
+
+async def test_send_is_not_retried_after_a_read_failure():
+    """A send eve may have acted on (the answer was lost) is not repeated: no duplicate message."""
+    calls = []
+
+    def handler(request):
+        calls.append(1)
+        raise httpx.ReadTimeout("lost answer", request=request)
+
+    async with _client(handler) as client:
+        with pytest.raises(eve.EveTransportError):
+            await client.send("wrun_1", "hi")
+    assert len(calls) == 1
+
+
+async def test_idempotent_route_retries_5xx_and_gives_up_bounded():
+    calls = []
+
+    def handler(request):
+        calls.append(1)
+        return httpx.Response(503, json={"ok": False})
+
+    async with _client(handler) as client:
+        with pytest.raises(eve.EveServerError):
+            await client.health()
+    assert len(calls) == FAST.attempts
+
+
+async def test_rejected_is_not_retried():
+    calls = []
+
+    def handler(request):
+        calls.append(1)
+        return httpx.Response(400, json={"error": "bad", "ok": False})
+
+    async with _client(handler) as client:
+        with pytest.raises(eve.EveRejected):
+            await client.cancel("wrun_1")
+    assert len(calls) == 1
+
+
+async def test_info_reads_the_context_window():
+    body = {"agent": {"model": {"id": "fake/fake-model", "contextWindowTokens": 128000}}}
+    async with _client(lambda r: httpx.Response(200, json=body)) as client:
+        info = await client.info()
+    assert (info.model_id, info.context_window_tokens) == ("fake/fake-model", 128000)
+
+
+async def test_stream_resumes_from_the_cursor_after_a_cut(fake_eve):
+    """A dropped stream resumes at the next absolute index; a cut line is not taken as an event."""
+    async with eve.EveClient(fake_eve.url, token=fake_eve.token, retry=FAST) as client:
+        sid = await client.create_session()
+        await client.send(sid, "hello")
+        fake_eve.cut_streams = 2
+        fake_eve.cut_after = 2
+        fake_eve.garbage_every = 4
+        malformed = []
+        client._on_malformed = lambda s, line: malformed.append(line)
+        seen = []
+        async for event in client.stream(sid, 0):
+            seen.append(event)
+            if isinstance(event, eve.SessionWaiting):
+                break
+    assert [e.index for e in seen] == list(range(len(seen)))
+    assert len({e.id for e in seen}) == len(seen)
+    assert [e.type for e in seen][-3:] == ["step.completed", "turn.completed", "session.waiting"]
+    assert malformed
+
+
+async def test_read_returns_the_tail_index_and_reset_closes_the_stream(fake_eve):
+    async with eve.EveClient(fake_eve.url, token=fake_eve.token, retry=FAST) as client:
+        sid = await client.create_session()
+        empty = await client.read(sid)
+        assert empty.events == () and empty.tail_index == -1
+        await client.send(sid, "hello")
+        async for event in client.stream(sid, 0):
+            if isinstance(event, eve.SessionWaiting):
+                break
+        page = await client.read(sid, 2)
+        assert page.events[0].index == 2 and page.tail_index == page.events[-1].index
+        last = await client.read(sid, -1)
+        assert [e.type for e in last.events] == ["session.waiting"] and last.events[0].index == page.tail_index
+        assert (await client.compact(sid)).accepted
+        result = await client.reset(sid)
+        assert result.status == "reset" and result.previous_session_id == sid
+        types = [e.type async for e in client.stream(sid, page.tail_index + 1)]
+        assert types[-1] == "session.completed"
+        with pytest.raises(eve.SessionNotActive):
+            await client.send(sid, "too late")
+        assert (await client.compact(sid)).status == "no_active_session"
+
+
+async def test_client_refuses_to_reopen():
+    client = _client(lambda r: httpx.Response(200, json={"ok": True}))
+    async with client:
+        pass
+    with pytest.raises(RuntimeError, match="closed"):
+        await client.__aenter__()
