@@ -32,6 +32,8 @@ __all__ = ["Bridge", "make_bot", "run"]
 
 logger = log.get("bridge.app")
 
+WEDGED_AFTER = 120.0  # seconds without a round of the polling loop (long poll 25 s + backoff 30 s)
+
 
 def make_bot(settings: Settings) -> Bot:
     """aiogram's Bot against ``IVA_TELEGRAM_API_URL`` (``{base}/bot{token}/{method}``)."""
@@ -94,12 +96,16 @@ class Bridge:
             except Exception as exc:
                 logger.warning("set_my_commands_failed", error=str(exc))
 
-    async def _watchdog(self) -> None:
+    async def _watchdog(self, ingest: Ingest) -> None:
+        """Ping systemd only while the polling loop goes round; a wedged loop gets restarted."""
         interval = systemd.watchdog_interval()
         if interval is None:
             return
         while True:
-            systemd.notify("WATCHDOG=1")
+            if time.monotonic() - ingest.alive_at < WEDGED_AFTER:
+                systemd.notify("WATCHDOG=1")
+            else:
+                logger.error("ingest_loop_wedged", seconds=int(time.monotonic() - ingest.alive_at))
             await asyncio.sleep(interval)
 
     async def run(self) -> None:
@@ -146,7 +152,7 @@ class Bridge:
             try:
                 async with asyncio.TaskGroup() as group:
                     group.create_task(ingest.run(), name="ingest")
-                    group.create_task(self._watchdog(), name="watchdog")
+                    group.create_task(self._watchdog(ingest), name="watchdog")
                     group.create_task(self._stop_watcher(), name="stop")
             except* _Shutdown:
                 pass

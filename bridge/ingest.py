@@ -71,11 +71,13 @@ class Ingest:
         self.heartbeat = heartbeat
         self.offset: int | None = None
         self.last_poll_ok: float | None = None
+        self.alive_at = time.monotonic()  # the loop went round (the watchdog reads it)
 
     async def run(self) -> None:
         """Poll forever; only cancellation ends it."""
         failures = 0
         while True:
+            self.alive_at = time.monotonic()
             try:
                 updates = await self.bot.get_updates(
                     offset=self.offset,
@@ -98,6 +100,7 @@ class Ingest:
             for update in updates:
                 await self.commit_update(update)
                 self.offset = update.update_id + 1
+                self.alive_at = time.monotonic()
 
     async def commit_update(self, update: Update) -> None:
         """Handle one update until it is durable; only then may the offset pass it."""

@@ -168,6 +168,7 @@ async def test_status_and_help(tg, fake_eve, bridge):
     assert "/new" in tg.texts()[0]
     await tg.message("measure me [[tokens=4321]]", user_id=OWNER)
     await tg.wait_texts(2)
+    await tg.wait_for(lambda: bridge.chat(str(OWNER))["status"] == "idle", 10, "idle")
     await tg.message("/status", user_id=OWNER)
     await tg.wait_texts(3)
     status = tg.texts()[2]

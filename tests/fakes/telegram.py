@@ -76,7 +76,7 @@ class FakeTelegram:
 
     def fail(self, method: str, status: int, description: str = "", *, retry_after: int | None = None,
              times: int = 1, drop: bool = False) -> None:
-        desc = description or {429: "Too Many Requests: retry after %s" % retry_after,
+        desc = description or {429: f"Too Many Requests: retry after {retry_after}",
                                403: "Forbidden: bot was blocked by the user",
                                500: "Internal Server Error", 502: "Bad Gateway"}.get(status, "Bad Request")
         self.faults.setdefault(method, []).extend(Fault(status, desc, retry_after, drop) for _ in range(times))

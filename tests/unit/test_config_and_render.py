@@ -72,7 +72,7 @@ def test_emoji_offsets_are_utf16():
 
 @pytest.mark.parametrize("module", [eve_client, diskqueue])
 def test_all_is_complete_and_sorted(module):
-    public = {n for n in dir(module) if not n.startswith("_") and n[0].isupper() or n == "parse_event"}
+    public = {n for n in dir(module) if (not n.startswith("_") and n[0].isupper()) or n == "parse_event"}
     public &= {n for n in dir(module) if not n.startswith("_")}
     assert sorted(module.__all__) == list(module.__all__)
     assert public <= set(module.__all__)

@@ -1,0 +1,50 @@
+"""``iva check``: names the problem and exits non-zero (issue acceptance, SPEC §2)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+from tests.conftest import OWNER, ROOT
+from tests.fakes.telegram import TOKEN
+
+
+async def _check(env: dict[str, str]) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bridge", "check", cwd=ROOT, env={**os.environ, **env},
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, out.decode()
+
+
+def _env(tg, eve_url: str, eve_token: str, **extra: str) -> dict[str, str]:
+    return {"IVA_TELEGRAM_TOKEN": TOKEN, "IVA_TELEGRAM_API_URL": tg.url, "IVA_EVE_URL": eve_url,
+            "IVA_EVE_TOKEN": eve_token, "IVA_OWNER_IDS": str(OWNER), **extra}
+
+
+async def test_check_passes_when_all_is_well(tg, fake_eve):
+    code, out = await _check(_env(tg, fake_eve.url, fake_eve.token))
+    assert code == 0, out
+    assert "telegram: @iva_test_bot" in out and "window 128000" in out
+
+
+async def test_check_names_a_wrong_telegram_token(tg, fake_eve):
+    code, out = await _check(_env(tg, fake_eve.url, fake_eve.token, IVA_TELEGRAM_TOKEN="999:WRONGwrongWRONGwrongWRONG"))
+    assert code != 0 and "token was rejected (IVA_TELEGRAM_TOKEN)" in out
+
+
+async def test_check_names_an_unreachable_eve(tg):
+    code, out = await _check(_env(tg, "http://127.0.0.1:9", "x"))
+    assert code != 0 and "eve: cannot reach http://127.0.0.1:9" in out
+
+
+async def test_check_names_a_wrong_eve_token(tg, fake_eve):
+    code, out = await _check(_env(tg, fake_eve.url, "wrong"))
+    assert code != 0 and "IVA_EVE_TOKEN" in out
+
+
+async def test_check_names_a_bad_variable(tg, fake_eve):
+    code, out = await _check(_env(tg, fake_eve.url, fake_eve.token, IVA_TURN_POLICY="sometimes"))
+    assert code == 2 and "IVA_TURN_POLICY='sometimes' must be 'queue' or 'immediate'" in out
