@@ -286,7 +286,7 @@ class ChatWorker:
             session, _ = await self._ensure_session()
             try:
                 delivery = await self.s.eve.send(session, self._compose(messages), turn_policy=policy)
-            except (eve.SessionNotActive, eve.SessionNotFound, eve.SessionStranded) as exc:
+            except (eve.SessionNotActive, eve.SessionNotFound, eve.SessionStranded, eve.SessionExpired) as exc:
                 if attempt == 2 or policy == "steer":
                     raise _Lost(str(exc)) from exc
                 logger.warning("eve_session_replaced", reason=str(exc))
@@ -339,7 +339,7 @@ class ChatWorker:
             if not chat.deliveries:
                 try:
                     page = await self.s.eve.read(chat.eve_session, chat.cursor)
-                except (eve.SessionNotFound, eve.SessionNotActive, eve.SessionStranded) as exc:
+                except (eve.SessionNotFound, eve.SessionNotActive, eve.SessionStranded, eve.SessionExpired) as exc:
                     await self._lost(str(exc))
                     return
                 if not any(isinstance(e, eve.TurnStarted | eve.MessageReceived) for e in page.events):
@@ -404,7 +404,7 @@ class ChatWorker:
                 if item is _STREAM_END:
                     await self._lost("eve closed the session stream")
                     return
-                if isinstance(item, eve.SessionNotFound | eve.SessionNotActive | eve.SessionStranded):
+                if isinstance(item, eve.SessionNotFound | eve.SessionNotActive | eve.SessionStranded | eve.SessionExpired):
                     await self._lost(str(item))
                     return
                 if isinstance(item, eve.EveError):

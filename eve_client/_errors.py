@@ -10,6 +10,7 @@
         ├── SessionNotFound        404: eve does not know the session
         ├── SessionNotReady        409 session_not_ready (retryable: the session is still starting)
         ├── SessionNotActive       409 session_not_active (the session was reset or never existed)
+        ├── SessionExpired         410 session_expired (the stream of a reset session is gone)
         └── SessionStranded        409 session_stranded (the session belongs to another eve version)
 
 httpx errors are translated in exactly one place, :func:`map_response` / :func:`map_transport`.
@@ -31,6 +32,7 @@ __all__ = [
     "EveTransportError",
     "EveUnauthorized",
     "SessionNotActive",
+    "SessionExpired",
     "SessionNotFound",
     "SessionNotReady",
     "SessionStranded",
@@ -100,6 +102,10 @@ class SessionNotActive(EveRejected):
     """409 session_not_active: the session was reset or is unknown."""
 
 
+class SessionExpired(EveRejected):
+    """410 session_expired: eve no longer keeps this session's history (it was reset)."""
+
+
 class SessionStranded(EveRejected):
     """409 session_stranded: the session was started by another eve version."""
 
@@ -112,6 +118,7 @@ _BY_CODE: dict[str, type[EveRejected]] = {
     "session_not_ready": SessionNotReady,
     "session_not_active": SessionNotActive,
     "session_stranded": SessionStranded,
+    "session_expired": SessionExpired,
     "unauthorized": EveUnauthorized,
 }
 
@@ -138,6 +145,8 @@ def map_response(response: httpx.Response, route: str) -> EveError:
         return EveUnauthorized(message, route=route, status=status, code=code, body=body)
     if status == 404:
         return SessionNotFound(message, route=route, status=status, code=code, body=body)
+    if status == 410:
+        return SessionExpired(message, route=route, status=status, code=code, body=body)
     return EveRejected(message, route=route, status=status, code=code, body=body)
 
 

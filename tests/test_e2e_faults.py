@@ -161,6 +161,44 @@ async def test_eve_down_messages_wait_and_go_when_back(tg, fake_eve, daemon_fact
         await site.stop()
 
 
+async def test_typing_runs_during_the_turn_and_stops_before_the_reply(tg, fake_eve, bridge):
+    """T6: the typing indicator is on while eve works, and never sent after the final reply."""
+    await tg.message("think [[delay=1]]", user_id=OWNER)
+    await tg.wait_texts(1)
+    await asyncio.sleep(0.5)
+    actions = [c for c in tg.calls if c.method == "sendChatAction"]
+    reply = next(c for c in tg.calls if c.method == "sendMessage")
+    assert actions and all(a.at < reply.at for a in actions)
+    assert actions[0].params["action"] == "typing"
+
+
+async def test_texts_follow_the_users_language(tg, fake_eve, bridge):
+    """Texts in ru and en by the user's language_code."""
+    await tg.message("/help", user_id=OWNER, language_code="ru")
+    await tg.message("/help", user_id=FRIEND, language_code="en")
+    await tg.wait_texts(2)
+    assert "начать новый разговор" in tg.texts(OWNER)[0]
+    assert "start a new conversation" in tg.texts(FRIEND)[0]
+
+
+async def test_logs_are_json_without_token_or_text(tg, fake_eve, daemon_factory):
+    """Logs: JSON lines with the chat bound; never the token; message text only at debug."""
+    import json
+
+    from tests.fakes.telegram import TOKEN
+
+    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_LOG_LEVEL="info")
+    await d.start()
+    await tg.message("a very private sentence", user_id=OWNER)
+    await tg.wait_texts(1)
+    await d.terminate()
+    lines = [line for line in d.logs().splitlines() if line.startswith("{")]
+    records = [json.loads(line) for line in lines]
+    assert any(r.get("event") == "message_queued" and r.get("chat_id") == OWNER for r in records)
+    assert TOKEN not in d.logs() and TOKEN.split(":")[1] not in d.logs()
+    assert "a very private sentence" not in d.logs()
+
+
 async def test_status_and_help(tg, fake_eve, bridge):
     """M8 (basic): /status shows the session, the state, the queue and the last measurement."""
     await tg.message("/help", user_id=OWNER)

@@ -208,6 +208,11 @@ class FakeEve:
         session = self._session(request)
         if session is None:
             return web.json_response({"error": "Session not found.", "ok": False}, status=404)
+        if not session.active:
+            # Observed on eve 0.80.1: a stream opened after the reset answers 410 (a stream that
+            # was open during the reset got session.completed and closed).
+            return web.json_response({"code": "session_expired", "error": "Session history is no longer available.",
+                                      "ok": False}, status=410)
         start = int(request.query.get("startIndex", "0"))
         follow = request.query.get("follow") != "false"
         if start < 0:
