@@ -140,6 +140,14 @@ async def bridge(daemon_factory, fake_eve: FakeEve) -> Daemon:
 
 # -- the real eve (../shared/eve-peer) --------------------------------------------------------
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 EVE_PEER = Path(os.environ.get("IVA_EVE_PEER_DIR", ROOT.parent / "shared" / "eve-peer"))
 
 
@@ -170,8 +178,8 @@ def real_eve(tmp_path_factory) -> RealEve:
     if not (EVE_PEER / "start.sh").exists():
         pytest.fail(f"no eve-peer at {EVE_PEER}; set IVA_EVE_PEER_DIR")
     run_dir = tmp_path_factory.mktemp("eve-peer")
-    env = {**os.environ, "EVE_PORT": os.environ.get("IVA_TEST_EVE_PORT", "2391"),
-           "FAKE_LLM_PORT": os.environ.get("IVA_TEST_LLM_PORT", "4391"), "EVE_PEER_RUN_DIR": str(run_dir)}
+    env = {**os.environ, "EVE_PORT": str(free_port()), "FAKE_LLM_PORT": str(free_port()),
+           "EVE_PEER_RUN_DIR": str(run_dir)}
     done = subprocess.run(["bash", str(EVE_PEER / "start.sh")], env=env, capture_output=True, text=True,
                           timeout=300, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
