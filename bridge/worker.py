@@ -41,6 +41,9 @@ _POKE = object()
 _STREAM_END = object()
 MAX_EVE_BACKOFF = 30.0
 RESET_TIMEOUT = 10.0
+_IDLE: dict[str, object] = dict(
+    status=ChatStatus.IDLE, kind=None, origin=None, claim=None, deliveries=[], busy_since=None
+)
 
 
 class _Lost(Exception):
@@ -322,8 +325,7 @@ class ChatWorker:
             chat = await store.chat(self.address)
             assert chat is not None
             await self.s.queue.nack([m.id for m in await self.s.queue.inflight(self.address)], claim=chat.claim)
-            await store.update_chat(self.address, status=ChatStatus.IDLE, kind=None, claim=None,
-                                    deliveries=[], busy_since=None)
+            await store.update_chat(self.address, **_IDLE)
 
     async def _resume(self, chat: Chat) -> None:
         """Recovery (R2): the same consumer, from the saved cursor."""
@@ -487,35 +489,33 @@ class ChatWorker:
             return True
         return False
 
+    async def _end_busy(self, **fields: object) -> tuple[Chat, list[Message]]:
+        """The one way out of busy, inside the caller's transaction: ack what was in flight, go idle."""
+        chat = await self.s.store.chat(self.address)
+        assert chat is not None
+        inflight = await self.s.queue.inflight(self.address)
+        await self.s.queue.ack([m.id for m in inflight], claim=chat.claim)
+        await self.s.store.update_chat(self.address, **{**_IDLE, **fields})
+        return chat, inflight
+
     async def _release(self, busy: _Busy) -> None:
-        """busy(turn) → idle, with the in-flight messages done, in one transaction."""
-        store = self.s.store
-        async with store.db.transaction():
-            chat = await store.chat(self.address)
+        """busy(turn) → idle after the turn's session.waiting, in one transaction."""
+        async with self.s.store.db.transaction():
+            chat = await self.s.store.chat(self.address)
             assert chat is not None
-            inflight = await self.s.queue.inflight(self.address)
-            await self.s.queue.ack([m.id for m in inflight], claim=chat.claim)
-            fields: dict[str, object] = dict(
-                status=ChatStatus.IDLE, kind=None, origin=None, claim=None, deliveries=[],
-                busy_since=None, cursor=busy.cursor, progress_at=time.time(), turns=chat.turns + 1,
-            )
+            fields: dict[str, object] = dict(cursor=busy.cursor, progress_at=time.time(), turns=chat.turns + 1)
             if busy.measurement is not None:
                 fields.update(measurement=busy.measurement, measured_at=time.time())
-            await store.update_chat(self.address, **fields)
+            _, inflight = await self._end_busy(**fields)
         METRICS.turns.labels(outcome="completed").inc()
         logger.info("turn_finished", measurement=busy.measurement, messages=len(inflight))
 
     async def _fail_turn(self, reason: str) -> None:
-        store = self.s.store
-        async with store.db.transaction():
-            chat = await store.chat(self.address)
-            assert chat is not None
-            inflight = await self.s.queue.inflight(self.address)
-            await self.s.queue.ack([m.id for m in inflight], claim=chat.claim)
+        """eve refused the message itself: say so, free the chat."""
+        async with self.s.store.db.transaction():
+            chat, inflight = await self._end_busy()
             reply_to = int(inflight[-1].payload["message_id"]) if inflight else None
             await self._say(chat, f"failed:{chat.claim}", t("turn_failed", chat.lang, reason=reason), reply_to=reply_to)
-            await store.update_chat(self.address, status=ChatStatus.IDLE, kind=None, claim=None,
-                                    deliveries=[], busy_since=None)
         METRICS.turns.labels(outcome="failed").inc()
 
     async def _lost(self, reason: str) -> None:
@@ -524,20 +524,13 @@ class ChatWorker:
         The person whose turn was interrupted is told to repeat it; the next message starts a
         new session at once, without waiting on a /reset that cannot succeed.
         """
-        store = self.s.store
-        async with store.db.transaction():
-            chat = await store.chat(self.address)
-            assert chat is not None
-            inflight = await self.s.queue.inflight(self.address)
-            await self.s.queue.ack([m.id for m in inflight], claim=chat.claim)
+        async with self.s.store.db.transaction():
+            chat, inflight = await self._end_busy(
+                reset_mark=1, eve_session=None, cursor=0, measurement=None, compaction_disabled=0,
+            )
             if chat.kind == "turn" and inflight:
                 await self._say(chat, f"lost:{chat.claim}", t("session_lost", chat.lang),
                                 reply_to=int(inflight[-1].payload["message_id"]))
-            await store.update_chat(
-                self.address, status=ChatStatus.IDLE, kind=None, origin=None, claim=None,
-                deliveries=[], busy_since=None, reset_mark=1, eve_session=None, cursor=0,
-                measurement=None, compaction_disabled=0,
-            )
         METRICS.turns.labels(outcome="lost").inc()
         logger.warning("eve_session_lost", reason=reason, session=chat.eve_session)
 
@@ -554,18 +547,12 @@ class ChatWorker:
                 # A stuck session cannot be reset (PROTOCOL.md §9); we leave it behind.
                 logger.warning("eve_reset_failed", error=str(exc))
         async with store.db.transaction():
-            current = await store.chat(self.address)
-            assert current is not None
-            inflight = await self.s.queue.inflight(self.address)
-            await self.s.queue.ack([m.id for m in inflight], claim=current.claim)
+            current, _ = await self._end_busy(
+                eve_session=None, cursor=0, measurement=None, compaction_disabled=0, reset_mark=0,
+                reset_requested=0, reset_reply_to=None, reset_dropped=0,
+            )
             dropped = current.reset_dropped
             text = t("new_dropped", current.lang, n=dropped) if dropped else t("new_done", current.lang)
             await self._say(current, f"new:{current.reset_reply_to}", text, reply_to=current.reset_reply_to)
-            await store.update_chat(
-                self.address, status=ChatStatus.IDLE, kind=None, origin=None, claim=None,
-                deliveries=[], busy_since=None, eve_session=None, cursor=0, measurement=None,
-                compaction_disabled=0, reset_mark=0, reset_requested=0, reset_reply_to=None,
-                reset_dropped=0,
-            )
         logger.info("conversation_reset", dropped=dropped)
         await self._flush_outbox(current)
