@@ -86,6 +86,7 @@ class Bridge:
         for lang in ("en", "ru"):
             commands = [
                 BotCommand(command="new", description=t("cmd_new", lang)),
+                BotCommand(command="compact", description=t("cmd_compact", lang)),
                 BotCommand(command="status", description=t("cmd_status", lang)),
                 BotCommand(command="help", description=t("cmd_help", lang)),
             ]
@@ -139,7 +140,7 @@ class Bridge:
                 return await self.status_text(store, queue, scheduler, address, lang)
 
             ingest = Ingest(bot=bot, me=me, settings=s, queue=queue, store=store, sender=sender,
-                            wake=scheduler.wake, status_text=status_text, spawn=self.spawn)
+                            scheduler=scheduler, status_text=status_text, spawn=self.spawn)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop.set)
@@ -179,19 +180,24 @@ class Bridge:
         return count
 
     async def status_text(self, store: Store, queue: DiskQueue, scheduler: Scheduler, address: str, lang: str) -> str:
+        """M8: session, last measurement vs threshold, parking on/off, busy state, queue length."""
         chat = await store.chat(address)
         queued = await queue.depth(address)
+        threshold = f"{scheduler.threshold():,}".replace(",", " ")
         if chat is None:
             return t("status", lang, session=t("status_no_session", lang), state=t("status_idle", lang),
-                     queued=queued, measure=t("status_unknown", lang), threshold=scheduler.threshold())
+                     queued=queued, measure=t("status_unknown", lang), threshold=threshold,
+                     parking=t("status_parking_on", lang))
         session = chat.eve_session if chat.eve_session and not chat.reset_mark else t("status_no_session", lang)
         if chat.busy and chat.busy_since:
-            state = t("status_busy", lang, seconds=int(time.time() - chat.busy_since))
+            key = "status_compacting" if chat.kind == "compact" else "status_busy"
+            state = t(key, lang, seconds=int(time.time() - chat.busy_since))
         else:
             state = t("status_idle", lang)
         measure = f"{chat.measurement:,}".replace(",", " ") if chat.measurement is not None else t("status_unknown", lang)
-        threshold = f"{scheduler.threshold():,}".replace(",", " ")
-        return t("status", lang, session=session, state=state, queued=queued, measure=measure, threshold=threshold)
+        parking = t("status_parking_off" if chat.compaction_disabled else "status_parking_on", lang)
+        return t("status", lang, session=session, state=state, queued=queued, measure=measure,
+                 threshold=threshold, parking=parking)
 
 
 async def run(settings: Settings) -> int:

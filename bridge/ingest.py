@@ -9,9 +9,11 @@ Ingest does as little as possible: decide, commit, receipt, wake the chat.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import sqlite3
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +35,7 @@ from .metrics import METRICS
 from .sender import Sender
 from .store import Store
 from .texts import pick_lang, t
+from .worker import ManualCompaction, Scheduler
 
 __all__ = ["Ingest"]
 
@@ -54,7 +57,7 @@ class Ingest:
         queue: DiskQueue,
         store: Store,
         sender: Sender,
-        wake: Callable[[str], None],
+        scheduler: Scheduler,
         status_text: Callable[[str, str], Any],
         spawn: Callable[..., Any],
         heartbeat: Callable[[], None] = lambda: None,
@@ -65,7 +68,8 @@ class Ingest:
         self.queue = queue
         self.store = store
         self.sender = sender
-        self.wake = wake
+        self.scheduler = scheduler
+        self.wake = scheduler.wake
         self.status_text = status_text
         self.spawn = spawn
         self.heartbeat = heartbeat
@@ -164,6 +168,8 @@ class Ingest:
             return "stranger"
         lang = pick_lang(user.language_code, self.settings.lang)
         key = f"tg:{message.chat.id}:{message.message_id}"
+        if inbound.command == "compact":
+            return await self.on_compact(message, address, lang, key)
         if inbound.command in ("start", "help", "status", "new"):
             return await self.on_command(inbound.command, message, address, lang, key)
         if not inbound.text or not inbound.text.strip():
@@ -181,20 +187,70 @@ class Ingest:
             "private": inbound.private,
             "date": int(message.date.timestamp()) if message.date else None,
         }
+        notice = False
         async with self.store.db.transaction():
             await self.store.touch_chat(str(address), address.chat_id, address.thread_id, lang)
             row = await self.queue.enqueue(str(address), payload, dedupe_key=key)
             chat = await self.store.chat(str(address))
+            queue_policy = self.settings.turn_policy == "queue"
+            if row is not None and chat is not None and chat.busy and chat.kind == "compact" and queue_policy \
+                    and not chat.compact_notified:
+                # C3: once per compaction per chat, in the same transaction as the message.
+                await self.store.update_chat(str(address), compact_notified=1)
+                notice = True
         if row is None:
             logger.info("update_duplicate_ignored")
             return "duplicate"
         logger.info("message_queued", queue_id=row)
         logger.debug("message_text", text=inbound.text)
-        if chat is not None and chat.busy and self.settings.turn_policy == "queue":
+        if notice:
+            self.spawn(self.sender.say(address.chat_id, address.thread_id, t("compacting_notice", lang),
+                                       reply_to=message.message_id))
+        elif chat is not None and chat.busy and queue_policy:
             # The receipt comes after the commit, never before: "received, waiting its turn".
             self.spawn(self.sender.react(address.chat_id, message.message_id, RECEIPT_QUEUED))
         self.wake(str(address))
         return "queued"
+
+    async def on_compact(self, message: Message, address: Address, lang: str, key: str) -> str:
+        """M1-M5: /compact takes the chat the way parking does, through eve's own route."""
+        addr = str(address)
+        scheduler = self.scheduler
+        reply = functools.partial(self.sender.say, address.chat_id, address.thread_id, reply_to=message.message_id)
+        if addr in scheduler.manual_marks:
+            # M4: the mark is set before the first await, so a second /compact sees it.
+            self.spawn(reply(t("compact_already", lang)))
+            return "command"
+        scheduler.manual_marks.add(addr)
+        captured = False
+        try:
+            if not await self.queue.remember(addr, {"kind": "command", "command": "compact"}, dedupe_key=key):
+                return "duplicate"
+            chat = await self.store.chat(addr)
+            minimum = self.settings.manual_compact_min
+            if chat is not None and chat.busy:
+                text = t("compact_already" if chat.kind == "compact" else "compact_after_answer", lang)
+            elif (chat is None or not chat.eve_session or chat.reset_mark or chat.measurement is None
+                  or chat.measurement < minimum):
+                text = t("compact_nothing", lang)  # M2: small or unknown
+            else:
+                before = chat.measurement
+                async with self.store.db.transaction():
+                    captured = await self.store.capture(
+                        addr, kind="compact", origin="manual", claim=uuid.uuid4().hex, deliveries=[],
+                        compact_notified=0, compact_before=before,
+                    )
+                if captured:
+                    scheduler.manual[addr] = ManualCompaction(lang=lang, reply_to=message.message_id, before=before)
+                    text = t("compact_accepted", lang, before=f"{before:,}".replace(",", " "))
+                    self.wake(addr)
+                else:
+                    text = t("compact_after_answer", lang)  # M3: a turn took the chat first
+            self.spawn(reply(text))
+            return "command"
+        finally:
+            if not captured:
+                scheduler.manual_marks.discard(addr)
 
     async def on_command(self, command: str, message: Message, address: Address, lang: str, key: str) -> str:
         addr = str(address)

@@ -17,6 +17,9 @@ class _Metrics:
         self.telegram_retries = Counter("iva_telegram_retries", "Telegram send retries", ["reason"], registry=r)
         self.eve_errors = Counter("iva_eve_errors", "eve errors seen, by kind", ["kind"], registry=r)
         self.malformed = Counter("iva_eve_malformed_lines", "Malformed eve stream lines skipped", registry=r)
+        self.compactions = Counter("iva_compactions", "Compactions, by origin and outcome", ["origin", "outcome"],
+                                   registry=r)
+        self.busy_compacting = Gauge("iva_compacting_chats", "Chats busy with a compaction", registry=r)
         self.busy = Gauge("iva_busy_chats", "Chats busy with a turn or a compaction", registry=r)
         self.turn_seconds = Histogram(
             "iva_turn_seconds", "Turn duration", registry=r,

@@ -18,7 +18,7 @@ from diskqueue import Database
 
 __all__ = ["SCHEMA_VERSION", "Chat", "ChatStatus", "Outgoing", "Store"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -67,6 +67,16 @@ _MIGRATIONS: dict[int, str] = {
     );
     CREATE INDEX outbox_pending ON outbox (address, state, id);
     """,
+    # Parking-lot compaction (C3, C8, LESSONS #4-#5).
+    2: """
+    ALTER TABLE chats ADD COLUMN compact_notified INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE chats ADD COLUMN compact_before INTEGER;
+    ALTER TABLE chats ADD COLUMN after_pending INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE chats ADD COLUMN last_after INTEGER;
+    ALTER TABLE chats ADD COLUMN compact_failures INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE chats ADD COLUMN compact_retry_at REAL;
+    ALTER TABLE chats ADD COLUMN compactions INTEGER NOT NULL DEFAULT 0
+    """,
 }
 
 
@@ -98,6 +108,13 @@ class Chat:
     reset_dropped: int
     blocked: bool
     turns: int
+    compact_notified: bool = False
+    compact_before: int | None = None
+    after_pending: bool = False
+    last_after: int | None = None
+    compact_failures: int = 0
+    compact_retry_at: float | None = None
+    compactions: int = 0
 
     @property
     def busy(self) -> bool:
@@ -127,6 +144,13 @@ class Chat:
             reset_dropped=row["reset_dropped"],
             blocked=bool(row["blocked"]),
             turns=row["turns"],
+            compact_notified=bool(row["compact_notified"]),
+            compact_before=row["compact_before"],
+            after_pending=bool(row["after_pending"]),
+            last_after=row["last_after"],
+            compact_failures=row["compact_failures"],
+            compact_retry_at=row["compact_retry_at"],
+            compactions=row["compactions"],
         )
 
 
@@ -164,7 +188,8 @@ _CHAT_COLUMNS = frozenset(
         "lang", "eve_session", "status", "kind", "origin", "cursor", "claim", "deliveries",
         "busy_since", "progress_at", "measurement", "measured_at", "compaction_disabled",
         "reset_mark", "reset_requested", "reset_reply_to", "reset_dropped", "blocked",
-        "blocked_reason", "turns", "chat_id", "thread_id",
+        "blocked_reason", "turns", "chat_id", "thread_id", "compact_notified", "compact_before",
+        "after_pending", "last_after", "compact_failures", "compact_retry_at", "compactions",
     }
 )
 
@@ -213,6 +238,21 @@ class Store:
             f"UPDATE chats SET {assignments}, updated_at = ? WHERE address = ?",
             (*values, time.time(), address),
         )
+
+    async def capture(self, address: str, **fields: Any) -> bool:
+        """idle → busy, only if the chat is idle now (a guarded update); says whether it applied."""
+        unknown = set(fields) - _CHAT_COLUMNS
+        if unknown:
+            raise ValueError(f"not chat columns: {sorted(unknown)}")
+        now = time.time()
+        fields = {"status": "busy", "busy_since": now, "progress_at": now, **fields}
+        assignments = ", ".join(f"{k} = ?" for k in fields)
+        values = [str(v) if isinstance(v, enum.Enum) else v for v in fields.values()]
+        return bool(await self.db.execute(
+            f"UPDATE chats SET {assignments}, updated_at = ? WHERE address = ? AND status = 'idle' "
+            "AND reset_requested = 0",
+            (*values, now, address),
+        ))
 
     async def busy_chats(self) -> list[Chat]:
         rows = await self.db.fetchall("SELECT * FROM chats WHERE status = 'busy' ORDER BY busy_since")

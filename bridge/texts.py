@@ -24,6 +24,7 @@ _TEXTS: dict[str, dict[Lang, str]] = {
             "Write as you would to a person. While I'm answering, new messages wait their turn "
             "(👀 means: received, in the queue).\n\n"
             "/new — start a new conversation\n"
+            "/compact — compact a long conversation now (I also do it by myself between answers)\n"
             "/status — the conversation's state\n"
             "/help — this text"
         ),
@@ -31,11 +32,49 @@ _TEXTS: dict[str, dict[Lang, str]] = {
             "Пишите, как написали бы человеку. Пока я отвечаю, новые сообщения ждут очереди "
             "(👀 значит: получено, в очереди).\n\n"
             "/new — начать новый разговор\n"
+            "/compact — сжать длинный разговор сейчас (между ответами я делаю это и сам)\n"
             "/status — состояние разговора\n"
             "/help — эта справка"
         ),
     },
     "cmd_new": {"en": "Start a new conversation", "ru": "Начать новый разговор"},
+    "cmd_compact": {"en": "Compact the conversation now", "ru": "Сжать разговор сейчас"},
+    "compacting_notice": {
+        "en": "Compacting the conversation, I'll answer soon.",
+        "ru": "Сжимаю разговор, скоро отвечу.",
+    },
+    "compact_nothing": {
+        "en": "Nothing to compact yet — the conversation is still small.",
+        "ru": "Сжимать пока нечего — разговор ещё небольшой.",
+    },
+    "compact_after_answer": {
+        "en": "I'm still answering. Send /compact again after the answer.",
+        "ru": "Я ещё отвечаю. Повторите /compact после ответа.",
+    },
+    "compact_already": {
+        "en": "Already compacting — I'll say when it's done.",
+        "ru": "Уже сжимаю — скажу, когда закончу.",
+    },
+    "compact_accepted": {
+        "en": "Compacting the conversation ({before} tokens). If I restart meanwhile, send /compact again.",
+        "ru": "Сжимаю разговор ({before} токенов). Если я перезапущусь, повторите /compact.",
+    },
+    "compact_done": {
+        "en": "Done: the conversation is compacted. I'll tell you its new size after the next answer.",
+        "ru": "Готово: разговор сжат. Новый размер скажу после следующего ответа.",
+    },
+    "compact_failed": {
+        "en": "Compaction didn't work; the conversation is unchanged. You can try /compact later.",
+        "ru": "Сжать не получилось; разговор не изменился. Можно повторить /compact позже.",
+    },
+    "compact_after": {
+        "en": "After compaction: {after} tokens (was {before}).",
+        "ru": "После сжатия: {after} токенов (было {before}).",
+    },
+    "compact_again": {
+        "en": "The compaction was interrupted. Please send /compact again.",
+        "ru": "Сжатие прервалось. Пожалуйста, отправьте /compact ещё раз.",
+    },
     "cmd_status": {"en": "State of the conversation", "ru": "Состояние разговора"},
     "cmd_help": {"en": "What this bot can do", "ru": "Что умеет бот"},
     "new_done": {
@@ -63,15 +102,23 @@ _TEXTS: dict[str, dict[Lang, str]] = {
             "Conversation: {session}\n"
             "State: {state}\n"
             "Waiting messages: {queued}\n"
-            "Last size: {measure} of {threshold} tokens (compaction threshold)"
+            "Last size: {measure} of {threshold} tokens (compaction threshold)\n"
+            "Automatic compaction: {parking}"
         ),
         "ru": (
             "Разговор: {session}\n"
             "Состояние: {state}\n"
             "Сообщений в очереди: {queued}\n"
-            "Последний размер: {measure} из {threshold} токенов (порог сжатия)"
+            "Последний размер: {measure} из {threshold} токенов (порог сжатия)\n"
+            "Автосжатие: {parking}"
         ),
     },
+    "status_parking_on": {"en": "on", "ru": "включено"},
+    "status_parking_off": {
+        "en": "off for this conversation (the last compaction did not shrink it enough; /new starts afresh)",
+        "ru": "выключено для этого разговора (прошлое сжатие не помогло; /new начнёт заново)",
+    },
+    "status_compacting": {"en": "compacting (for {seconds} s)", "ru": "сжимаю (уже {seconds} с)"},
     "status_no_session": {"en": "not started yet", "ru": "ещё не начат"},
     "status_idle": {"en": "free", "ru": "свободен"},
     "status_busy": {"en": "answering (for {seconds} s)", "ru": "отвечаю (уже {seconds} с)"},

@@ -1,13 +1,12 @@
-"""One worker per address: the chat's state machine, driven by eve's durable stream (T3, T4, R1).
+"""One worker per address: the chat's state machine (T3, T4, R1).
 
-A chat is ``idle`` or ``busy``. A worker claims the address's next messages and marks the chat
-busy in one transaction, sends them to eve, then consumes eve's stream from the saved cursor;
-the effects of an event (an outbox row, the chat's release) are committed together with the
-cursor. Recovery after a restart is the same consumer started from the saved cursor, so a
-restart in the middle of a turn needs no code of its own.
+A chat is ``idle`` or ``busy``. The worker claims the address's next messages and marks the
+chat busy in one transaction, sends them to eve, and hands the stream to a
+:class:`~bridge.busy.BusyPeriod`, which follows the turn, its parking and any compaction.
+A busy record found at start (a restart) goes to the same consumer from its saved cursor.
 
-Workers wake on an event (a committed message, /new), never on a polling timer; an idle worker
-exits and the scheduler starts a new one when the chat has work again.
+Workers wake on an event (a committed message, /new, /compact), never on a polling timer; an
+idle worker exits and the scheduler starts a new one when the chat has work again.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -26,19 +25,19 @@ import structlog
 import eve_client as eve
 from diskqueue import DiskQueue, Message
 
-from . import log
+from . import log, parking
+from .busy import _GONE, POKE, BusyPeriod
 from .config import Settings
 from .metrics import METRICS
-from .sender import ChatGone, Sender, Typing
+from .parking import Compacting
+from .sender import ChatGone, Sender
 from .store import Chat, ChatStatus, Store
 from .texts import t
 
-__all__ = ["Scheduler"]
+__all__ = ["ManualCompaction", "Scheduler"]
 
 logger = log.get("bridge.worker")
 
-_POKE = object()
-_STREAM_END = object()
 MAX_EVE_BACKOFF = 30.0
 RESET_TIMEOUT = 10.0
 _IDLE: dict[str, object] = dict(
@@ -46,21 +45,18 @@ _IDLE: dict[str, object] = dict(
 )
 
 
-class _Lost(Exception):
+class Lost(Exception):
     """The eve session is gone, stranded or stuck: free the chat with the reset mark."""
 
 
 @dataclass
-class _Busy:
-    """What the consumer knows about the busy period it follows."""
+class ManualCompaction:
+    """A /compact request; it lives in process memory, as the seed says (M5)."""
 
-    session: str
-    cursor: int
-    pending: set[str]
-    deliveries_known: bool
-    turn_ended: bool = False
-    measurement: int | None = None
-    progress: float = field(default_factory=time.monotonic)
+    lang: str
+    reply_to: int
+    before: int
+    posted: bool = False
 
 
 class Scheduler:
@@ -77,13 +73,14 @@ class Scheduler:
         self.slots = asyncio.Semaphore(settings.max_turns)
         self.workers: dict[str, ChatWorker] = {}
         self.window: int | None = settings.context_window
+        self.manual: dict[str, ManualCompaction] = {}
+        self.manual_marks: set[str] = set()  # M4: set synchronously, before the first await
+        self.after_reports: dict[str, tuple[str, int]] = {}  # address → (lang, before) for M5's "after"
         self._closing = False
 
     def threshold(self) -> int:
         s = self.settings
-        if self.window:
-            return min(self.window * s.compact_percent // 100, s.compact_ceiling)
-        return s.compact_ceiling
+        return parking.threshold(self.window, s.compact_percent, s.compact_ceiling)
 
     def wake(self, address: str) -> None:
         if self._closing:
@@ -121,13 +118,15 @@ class Scheduler:
 
 
 class ChatWorker:
+    Lost = Lost
+
     def __init__(self, scheduler: Scheduler, address: str) -> None:
         self.s = scheduler
         self.address = address
-        self._inbox: asyncio.Queue[object] = asyncio.Queue()
+        self.inbox: asyncio.Queue[object] = asyncio.Queue()
         self._poked = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._typing: Typing | None = None
+        self._compact_post: asyncio.Task[None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -141,7 +140,7 @@ class ChatWorker:
 
     def poke(self) -> None:
         self._poked.set()
-        self._inbox.put_nowait(_POKE)
+        self.inbox.put_nowait(POKE)
 
     def cancel(self) -> None:
         if self._task is not None:
@@ -152,24 +151,34 @@ class ChatWorker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    def track_compact(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """The one compact request in flight for this chat (C5); it outlives a busy period."""
+        self._compact_post = asyncio.create_task(coro, name=f"compact:{self.address}")
+        return self._compact_post
+
+    @property
+    def compact_outstanding(self) -> bool:
+        return self._compact_post is not None and not self._compact_post.done()
+
     async def _main(self) -> None:
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(address=self.address)
         failures = 0
-        while True:
-            try:
-                await self._run()
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # The state is durable: log, wait, and go again from what the database says.
-                failures += 1
-                logger.exception("worker_failed", failures=failures)
-                await asyncio.sleep(min(60.0, 2.0**failures))
-            finally:
-                if self._typing is not None:
-                    await self._typing.stop()
+        try:
+            while True:
+                try:
+                    await self._run()
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # The state is durable: log, wait, and go again from what the database says.
+                    failures += 1
+                    logger.exception("worker_failed", failures=failures)
+                    await asyncio.sleep(min(60.0, 2.0**failures))
+        finally:
+            if self._compact_post is not None and not self._compact_post.done():
+                self._compact_post.cancel()
 
     async def _run(self) -> None:
         eve_failures = 0
@@ -178,7 +187,7 @@ class ChatWorker:
             chat = await self.s.store.chat(self.address)
             if chat is None:
                 return
-            await self._flush_outbox(chat)
+            await self.flush_outbox(chat)
             if chat.reset_requested:
                 await self._reset(chat)
                 continue
@@ -205,7 +214,9 @@ class ChatWorker:
 
     # -- outbox -----------------------------------------------------------------------------
 
-    async def _flush_outbox(self, chat: Chat) -> None:
+    async def flush_outbox(self, chat: Chat) -> None:
+        from aiogram.exceptions import TelegramBadRequest
+
         store = self.s.store
         for out in await store.pending_outgoing(self.address):
             if chat.blocked:
@@ -219,16 +230,11 @@ class ChatWorker:
                     await store.update_chat(self.address, blocked=1, blocked_reason=str(exc)[:200])
                     await store.fail_outgoing_of_chat(out.chat_id)
                 return
-            except Exception as exc:
-                from aiogram.exceptions import TelegramBadRequest
+            except TelegramBadRequest as exc:
+                logger.error("telegram_rejected_reply", error=exc.message, outbox_id=out.id)
+                await store.finish_outgoing(out.id, "failed")
 
-                if isinstance(exc, TelegramBadRequest):
-                    logger.error("telegram_rejected_reply", error=exc.message, outbox_id=out.id)
-                    await store.finish_outgoing(out.id, "failed")
-                    continue
-                raise
-
-    async def _say(self, chat: Chat, key: str, text: str, *, reply_to: int | None = None) -> None:
+    async def say(self, chat: Chat, key: str, text: str, *, reply_to: int | None = None) -> None:
         """A durable notice: through the outbox, so it is sent once even across restarts."""
         await self.s.store.put_outgoing(
             self.address, key, chat.chat_id, chat.thread_id, text, format="plain", reply_to=reply_to
@@ -253,8 +259,11 @@ class ChatWorker:
             return False
         async with self.s.slots:
             claim = uuid.uuid4().hex
-            session = None if chat.reset_mark else chat.eve_session
             async with store.db.transaction():
+                current = await store.chat(self.address)
+                if current is None or current.busy or current.reset_requested:
+                    return True  # taken meanwhile (/compact, /new): the main loop looks again
+                session = None if current.reset_mark else current.eve_session
                 messages = await queue.claim(self.address, limit=self.s.settings.batch_size, claim=claim)
                 if not messages:
                     return False
@@ -262,7 +271,9 @@ class ChatWorker:
                 await store.update_chat(
                     self.address, status=ChatStatus.BUSY, kind="turn", origin=None, claim=claim,
                     deliveries=[], busy_since=now, progress_at=now,
-                    eve_session=session, cursor=chat.cursor if session else 0, reset_mark=0,
+                    eve_session=session, cursor=current.cursor if session else 0, reset_mark=0,
+                    **({} if session else dict(compaction_disabled=0, after_pending=0, compact_failures=0,
+                                               compact_retry_at=None)),
                 )
             METRICS.busy.inc()
             logger.info("turn_claimed", messages=[m.id for m in messages], session=session)
@@ -272,28 +283,29 @@ class ChatWorker:
                 METRICS.busy.dec()
         return True
 
-    async def _ensure_session(self) -> tuple[str, int]:
+    async def _ensure_session(self) -> str:
         chat = await self.s.store.chat(self.address)
         assert chat is not None
         if chat.eve_session:
-            return chat.eve_session, chat.cursor
+            return chat.eve_session
         session = await self.s.eve.create_session()
         await self.s.store.update_chat(self.address, eve_session=session, cursor=0)
         structlog.contextvars.bind_contextvars(session=session)
         logger.info("eve_session_created", session=session)
-        return session, 0
+        return session
 
-    async def _send(self, messages: Sequence[Message], *, policy: eve.TurnPolicy) -> eve.Delivery:
+    async def send(self, messages: Sequence[Message], *, policy: eve.TurnPolicy) -> eve.Delivery:
         """Deliver to eve; a session eve no longer knows is replaced once, transparently."""
         for attempt in (1, 2):
-            session, _ = await self._ensure_session()
+            session = await self._ensure_session()
             try:
                 delivery = await self.s.eve.send(session, self._compose(messages), turn_policy=policy)
-            except (eve.SessionNotActive, eve.SessionNotFound, eve.SessionStranded, eve.SessionExpired) as exc:
+            except _GONE as exc:
                 if attempt == 2 or policy == "steer":
-                    raise _Lost(str(exc)) from exc
+                    raise Lost(str(exc)) from exc
                 logger.warning("eve_session_replaced", reason=str(exc))
-                await self.s.store.update_chat(self.address, eve_session=None, cursor=0)
+                await self.s.store.update_chat(self.address, eve_session=None, cursor=0, compaction_disabled=0,
+                                               after_pending=0)
                 continue
             chat = await self.s.store.chat(self.address)
             assert chat is not None
@@ -305,18 +317,23 @@ class ChatWorker:
     async def _drive(self, messages: Sequence[Message]) -> None:
         """Send the claimed messages and follow the turn to its end."""
         try:
-            await self._send(messages, policy="queue")
+            await self.send(messages, policy="queue")
         except eve.EveTransportError:
             await self._give_back()
             raise
-        except _Lost as exc:
-            await self._lost(str(exc))
+        except Lost as exc:
+            await self.lost(str(exc))
             return
         except eve.EveRejected as exc:
             logger.error("eve_rejected_message", error=str(exc))
             await self._fail_turn(f"eve: {exc.status}")
             return
         await self._follow()
+
+    async def _follow(self, compaction: Compacting | None = None) -> None:
+        chat = await self.s.store.chat(self.address)
+        assert chat is not None
+        await BusyPeriod(self, chat, compaction=compaction).run()
 
     async def _give_back(self) -> None:
         """busy → idle without a turn: the claimed messages go back to the head of the queue."""
@@ -328,21 +345,25 @@ class ChatWorker:
             await store.update_chat(self.address, **_IDLE)
 
     async def _resume(self, chat: Chat) -> None:
-        """Recovery (R2): the same consumer, from the saved cursor."""
-        logger.info("busy_record_resumed", kind=chat.kind, session=chat.eve_session, cursor=chat.cursor)
+        """A busy record with no live consumer: the same consumer, from the saved cursor (R2)."""
+        logger.info("busy_record_resumed", kind=chat.kind, origin=chat.origin, session=chat.eve_session,
+                    cursor=chat.cursor)
         METRICS.busy.inc()
         try:
-            if chat.kind != "turn":
-                await self._lost("unknown busy kind")
-                return
             if not chat.eve_session:
                 await self._give_back()  # claimed, but no session yet: eve never saw it
+                return
+            if chat.kind == "compact":
+                await self._resume_compaction(chat)
+                return
+            if chat.kind != "turn":
+                await self.lost(f"unknown busy kind {chat.kind!r}")
                 return
             if not chat.deliveries:
                 try:
                     page = await self.s.eve.read(chat.eve_session, chat.cursor)
-                except (eve.SessionNotFound, eve.SessionNotActive, eve.SessionStranded, eve.SessionExpired) as exc:
-                    await self._lost(str(exc))
+                except _GONE as exc:
+                    await self.lost(str(exc))
                     return
                 if not any(isinstance(e, eve.TurnStarted | eve.MessageReceived) for e in page.events):
                     # Claimed and marked busy, but the send never reached eve: send it now.
@@ -356,183 +377,78 @@ class ChatWorker:
         finally:
             METRICS.busy.dec()
 
-    async def _follow(self) -> None:
-        chat = await self.s.store.chat(self.address)
-        assert chat is not None and chat.eve_session
-        busy = _Busy(
-            session=chat.eve_session,
-            cursor=chat.cursor,
-            pending=set(chat.deliveries),
-            deliveries_known=bool(chat.deliveries),
-        )
-        structlog.contextvars.bind_contextvars(session=busy.session)
-        self._typing = Typing(self.s.sender.bot, chat.chat_id, chat.thread_id, ttl=self.s.settings.busy_timeout)
-        self._typing.start()
-        started = time.monotonic()
+    async def _resume_compaction(self, chat: Chat) -> None:
+        assert chat.eve_session
+        manual = self.s.manual.get(self.address)
+        origin = chat.origin or "auto"
+        if origin == "manual" and manual is not None and not manual.posted:
+            manual.posted = True  # a live /compact, captured by ingest (M1): request it now
+            METRICS.busy_compacting.inc()
+            await self._follow(Compacting(origin="manual", before=manual.before))
+            return
         try:
-            await self._consume(chat, busy)
-        finally:
-            await self._typing.stop()
-        METRICS.turn_seconds.observe(time.monotonic() - started)
+            page = await self.s.eve.read(chat.eve_session, chat.cursor)
+        except _GONE as exc:
+            await self.lost(str(exc))
+            return
+        if any(isinstance(e, eve.CompactionRequested) for e in page.events):
+            METRICS.busy_compacting.inc()
+            await self._follow(Compacting(origin=origin, before=chat.compact_before, acked=True))
+            return
+        # The compaction never started in eve (we stopped before asking, or eve never began):
+        # free the chat; an auto compaction is silent, a manual one asks for /compact again (R3).
+        async with self.s.store.db.transaction():
+            current, _ = await self.end_busy()
+            if origin == "manual":
+                await self.say(current, f"compact-again:{current.claim}", t("compact_again", current.lang))
+        self.s.manual.pop(self.address, None)
+        self.s.manual_marks.discard(self.address)
+        logger.info("compaction_not_started_freed", origin=origin)
 
-    async def _reader(self, busy: _Busy) -> None:
-        try:
-            async for event in self.s.eve.stream(busy.session, busy.cursor):
-                await self._inbox.put(event)
-            await self._inbox.put(_STREAM_END)
-        except eve.EveError as exc:
-            await self._inbox.put(exc)
+    # -- the ways out of busy ---------------------------------------------------------------
 
-    async def _consume(self, chat: Chat, busy: _Busy) -> None:
-        reader = asyncio.create_task(self._reader(busy), name=f"stream:{self.address}")
-        timeout = self.s.settings.busy_timeout
-        # The time since the last persisted progress counts too (a restart does not reset it).
-        if chat.progress_at:
-            busy.progress -= max(0.0, min(timeout, time.time() - chat.progress_at))
-        try:
-            while True:
-                remaining = timeout - (time.monotonic() - busy.progress)
-                try:
-                    async with asyncio.timeout(max(0.0, remaining)):
-                        item = await self._inbox.get()
-                except TimeoutError:
-                    logger.warning("busy_timeout", seconds=timeout)
-                    await self._lost("no progress within the busy timeout")
-                    return
-                if item is _POKE:
-                    if await self._on_poke(busy):
-                        return
-                    continue
-                if item is _STREAM_END:
-                    await self._lost("eve closed the session stream")
-                    return
-                if isinstance(item, eve.SessionNotFound | eve.SessionNotActive | eve.SessionStranded | eve.SessionExpired):
-                    await self._lost(str(item))
-                    return
-                if isinstance(item, eve.EveError):
-                    # The stream could not be resumed for now; start over from the cursor.
-                    METRICS.eve_errors.labels(kind="stream").inc()
-                    raise item
-                assert isinstance(item, eve.Event)
-                busy.progress = time.monotonic()
-                if await self._apply(chat, busy, item):
-                    return
-        finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-            # Drop what the reader had queued; a later consumer starts again from the cursor.
-            while not self._inbox.empty():
-                self._inbox.get_nowait()
-
-    async def _on_poke(self, busy: _Busy) -> bool:
-        """Something arrived for this chat while it is busy. True when the busy period ended."""
-        chat = await self.s.store.chat(self.address)
-        assert chat is not None
-        if chat.reset_requested:
-            return True  # /new: the main loop resets (eve's reset cancels the running turn)
-        if self.s.settings.turn_policy == "immediate" and chat.kind == "turn":
-            messages = await self.s.queue.claim(self.address, limit=self.s.settings.batch_size, claim=chat.claim)
-            if messages:
-                try:
-                    delivery = await self._send(messages, policy="steer")
-                except _Lost as exc:
-                    await self._lost(str(exc))
-                    return True
-                except eve.EveError as exc:
-                    logger.warning("eve_steer_failed", error=str(exc))
-                    await self.s.queue.nack([m.id for m in messages], claim=chat.claim)
-                    return False
-                if delivery.delivery_id:
-                    busy.pending.add(delivery.delivery_id)
-                busy.turn_ended = False
-                for m in messages:
-                    self.s.spawn(self.s.sender.react(chat.chat_id, int(m.payload["message_id"]), "⚡"))
-        return False
-
-    async def _apply(self, chat: Chat, busy: _Busy, event: eve.Event) -> bool:
-        """Apply one event. True when the busy period ended (the chat was released)."""
-        store = self.s.store
-        busy.cursor = event.index + 1
-        match event:
-            case eve.MessageCompleted() if event.message.strip():
-                async with store.db.transaction():
-                    await store.put_outgoing(self.address, event.id, chat.chat_id, chat.thread_id, event.message)
-                    await store.update_chat(self.address, cursor=busy.cursor, progress_at=time.time())
-                if self._typing is not None and event.finish_reason == "stop":
-                    await self._typing.stop()  # never after the final send (LESSONS #12)
-                await self._flush_outbox(chat)
-            case eve.TurnStarted() | eve.StepStarted():
-                if self._typing is not None:
-                    self._typing.start()
-            case eve.StepCompleted():
-                usage = event.usage
-                if usage is not None and usage.input_tokens is not None:
-                    busy.measurement = usage.input_tokens
-            case eve.TurnFailed():
-                logger.warning("eve_turn_failed", code=event.code, error=event.message[:300])
-                METRICS.turns.labels(outcome="failed").inc()
-                async with store.db.transaction():
-                    await self._say(chat, f"failed:{event.id}", t("turn_failed", chat.lang, reason=event.code or "error"))
-                    await store.update_chat(self.address, cursor=busy.cursor, progress_at=time.time())
-                await self._flush_outbox(chat)
-            case eve.SessionCompleted() | eve.SessionFailed():
-                await self._lost(event.type)
-                return True
-        if event.terminal:
-            busy.turn_ended = True
-            busy.pending.difference_update(event.delivery_ids)
-            if not busy.deliveries_known:
-                busy.pending.clear()
-        if isinstance(event, eve.SessionWaiting) and busy.turn_ended and not busy.pending:
-            await self._release(busy)
-            return True
-        return False
-
-    async def _end_busy(self, **fields: object) -> tuple[Chat, list[Message]]:
-        """The one way out of busy, inside the caller's transaction: ack what was in flight, go idle."""
+    async def end_busy(self, *, keep_busy: bool = False, **fields: object) -> tuple[Chat, list[Message]]:
+        """Inside the caller's transaction: ack what was in flight and go idle (or stay busy
+        with the given fields, for parking → compacting). Returns the chat as it was."""
         chat = await self.s.store.chat(self.address)
         assert chat is not None
         inflight = await self.s.queue.inflight(self.address)
         await self.s.queue.ack([m.id for m in inflight], claim=chat.claim)
-        await self.s.store.update_chat(self.address, **{**_IDLE, **fields})
+        await self.s.store.update_chat(self.address, **({} if keep_busy else _IDLE), **fields)
         return chat, inflight
-
-    async def _release(self, busy: _Busy) -> None:
-        """busy(turn) → idle after the turn's session.waiting, in one transaction."""
-        async with self.s.store.db.transaction():
-            chat = await self.s.store.chat(self.address)
-            assert chat is not None
-            fields: dict[str, object] = dict(cursor=busy.cursor, progress_at=time.time(), turns=chat.turns + 1)
-            if busy.measurement is not None:
-                fields.update(measurement=busy.measurement, measured_at=time.time())
-            _, inflight = await self._end_busy(**fields)
-        METRICS.turns.labels(outcome="completed").inc()
-        logger.info("turn_finished", measurement=busy.measurement, messages=len(inflight))
 
     async def _fail_turn(self, reason: str) -> None:
         """eve refused the message itself: say so, free the chat."""
         async with self.s.store.db.transaction():
-            chat, inflight = await self._end_busy()
+            chat, inflight = await self.end_busy()
             reply_to = int(inflight[-1].payload["message_id"]) if inflight else None
-            await self._say(chat, f"failed:{chat.claim}", t("turn_failed", chat.lang, reason=reason), reply_to=reply_to)
+            await self.say(chat, f"failed:{chat.claim}", t("turn_failed", chat.lang, reason=reason), reply_to=reply_to)
         METRICS.turns.labels(outcome="failed").inc()
 
-    async def _lost(self, reason: str) -> None:
+    async def lost(self, reason: str) -> None:
         """The session is gone or stuck: free the chat with the session-reset mark (R2, R3).
 
-        The person whose turn was interrupted is told to repeat it; the next message starts a
-        new session at once, without waiting on a /reset that cannot succeed.
+        The person whose turn was interrupted is told to repeat it; an interrupted auto
+        compaction is silent; an interrupted /compact asks for /compact again. The next message
+        starts a new session at once, without waiting on a /reset that cannot succeed.
         """
         async with self.s.store.db.transaction():
-            chat, inflight = await self._end_busy(
+            chat, inflight = await self.end_busy(
                 reset_mark=1, eve_session=None, cursor=0, measurement=None, compaction_disabled=0,
+                after_pending=0, compact_failures=0, compact_retry_at=None,
             )
             if chat.kind == "turn" and inflight:
-                await self._say(chat, f"lost:{chat.claim}", t("session_lost", chat.lang),
-                                reply_to=int(inflight[-1].payload["message_id"]))
+                await self.say(chat, f"lost:{chat.claim}", t("session_lost", chat.lang),
+                               reply_to=int(inflight[-1].payload["message_id"]))
+            elif chat.kind == "compact" and chat.origin == "manual":
+                await self.say(chat, f"compact-again:{chat.claim}", t("compact_again", chat.lang))
+        if chat.kind == "compact":
+            METRICS.compactions.labels(origin=chat.origin or "auto", outcome="lost").inc()
+        self.s.manual.pop(self.address, None)
+        self.s.manual_marks.discard(self.address)
         METRICS.turns.labels(outcome="lost").inc()
-        logger.warning("eve_session_lost", reason=reason, session=chat.eve_session)
+        logger.warning("eve_session_lost", reason=reason, session=chat.eve_session, kind=chat.kind)
+        await self.flush_outbox(chat)
 
     # -- /new -------------------------------------------------------------------------------
 
@@ -547,12 +463,16 @@ class ChatWorker:
                 # A stuck session cannot be reset (PROTOCOL.md §9); we leave it behind.
                 logger.warning("eve_reset_failed", error=str(exc))
         async with store.db.transaction():
-            current, _ = await self._end_busy(
+            current, _ = await self.end_busy(
                 eve_session=None, cursor=0, measurement=None, compaction_disabled=0, reset_mark=0,
-                reset_requested=0, reset_reply_to=None, reset_dropped=0,
+                reset_requested=0, reset_reply_to=None, reset_dropped=0, after_pending=0,
+                compact_failures=0, compact_retry_at=None,
             )
             dropped = current.reset_dropped
             text = t("new_dropped", current.lang, n=dropped) if dropped else t("new_done", current.lang)
-            await self._say(current, f"new:{current.reset_reply_to}", text, reply_to=current.reset_reply_to)
+            await self.say(current, f"new:{current.reset_reply_to}", text, reply_to=current.reset_reply_to)
+        self.s.manual.pop(self.address, None)
+        self.s.manual_marks.discard(self.address)
+        self.s.after_reports.pop(self.address, None)
         logger.info("conversation_reset", dropped=dropped)
-        await self._flush_outbox(current)
+        await self.flush_outbox(current)

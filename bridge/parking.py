@@ -1,0 +1,81 @@
+"""Parking-lot compaction: the decisions, kept apart from the machinery (SPEC §4, seed 004).
+
+After a finished turn the parking handler measures (input tokens of the turn's last step that
+reported usage) and compares with the threshold. It compacts through eve's own route, holding
+the chat with the same busy status as a turn. A compaction that did not bring the next
+measurement under the threshold disables parking compaction for the rest of the session (C8);
+a failed one backs off before the next try, so a broken summarizer never loops (LESSONS #4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .store import Chat
+
+__all__ = ["COOLDOWN", "Compacting", "ParkingDecision", "in_turn_threshold", "parking_decision", "threshold"]
+
+COOLDOWN = (60.0, 300.0, 900.0)  # seconds before the next auto try, by failures in a row
+IN_TURN_PERCENT = 0.75
+IN_TURN_CEILING = 137_500
+
+
+def threshold(window: int | None, percent: int, ceiling: int) -> int:
+    """min(percent% × window, ceiling); the ceiling alone when the window is unknown."""
+    return min(window * percent // 100, ceiling) if window else ceiling
+
+
+def in_turn_threshold(window: int) -> int:
+    """eve's own in-turn safety net, a quarter above ours: min(75% × window, 137 500) (C9)."""
+    return min(int(window * IN_TURN_PERCENT), IN_TURN_CEILING)
+
+
+@dataclass(frozen=True, slots=True)
+class ParkingDecision:
+    compact: bool
+    updates: dict[str, Any]  # chat fields to write with the turn's release
+    after: int | None = None  # the "after" size of the previous compaction, now known
+
+
+def parking_decision(chat: Chat, measurement: int | None, limit: int, *, now: float | None = None) -> ParkingDecision:
+    """What the parking handler does with this turn's measurement."""
+    now = time.time() if now is None else now
+    updates: dict[str, Any] = {}
+    after = None
+    if measurement is None:
+        return ParkingDecision(False, updates)
+    disabled = chat.compaction_disabled
+    if chat.after_pending:
+        # The first measurement after a compaction: did it bring us under the threshold (C8)?
+        after = measurement
+        updates.update(after_pending=0, last_after=measurement)
+        if measurement >= limit:
+            updates["compaction_disabled"] = 1
+            disabled = True
+    if disabled or measurement < limit:
+        return ParkingDecision(False, updates, after)
+    if chat.compact_retry_at is not None and now < chat.compact_retry_at:
+        return ParkingDecision(False, updates, after)
+    return ParkingDecision(True, updates, after)
+
+
+def cooldown(failures: int) -> float:
+    return COOLDOWN[min(failures, len(COOLDOWN)) - 1] if failures > 0 else 0.0
+
+
+@dataclass
+class Compacting:
+    """The compaction phase of a busy period, as the consumer follows it."""
+
+    origin: str  # "auto" | "manual"
+    before: int | None
+    post: asyncio.Task[None] | None = None
+    ack_deadline: float | None = None  # loop.time() by which eve must accept (C6)
+    acked: bool = False
+    requested: bool = False
+    completed: bool = False
+    released: bool = False  # the chat was let go because eve did not answer in time (C6)
+    cancelled: bool = False
