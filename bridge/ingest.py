@@ -116,8 +116,9 @@ class Ingest:
                 outcome = await self.handle(update)
                 METRICS.updates.labels(outcome=outcome).inc()
                 return
-            except sqlite3.Error as exc:
-                # The update stays unconfirmed: we retry, and if we die Telegram redelivers it.
+            except sqlite3.OperationalError as exc:
+                # The disk or the lock: the update stays unconfirmed; we retry, and if we die
+                # Telegram redelivers it. (Other sqlite3 errors are bugs, handled below.)
                 attempt += 1
                 wait = min(10.0, 0.2 * 2**attempt)
                 logger.error("ingest_commit_failed", error=str(exc), wait=wait)
@@ -224,28 +225,28 @@ class Ingest:
         scheduler.manual_marks.add(addr)
         captured = False
         try:
-            if not await self.queue.remember(addr, {"kind": "command", "command": "compact"}, dedupe_key=key):
-                return "duplicate"
-            chat = await self.store.chat(addr)
             minimum = self.settings.manual_compact_min
-            if chat is not None and chat.busy:
-                text = t("compact_already" if chat.kind == "compact" else "compact_after_answer", lang)
-            elif (chat is None or not chat.eve_session or chat.reset_mark or chat.measurement is None
-                  or chat.measurement < minimum):
-                text = t("compact_nothing", lang)  # M2: small or unknown
-            else:
-                before = chat.measurement
-                async with self.store.db.transaction():
+            async with self.store.db.transaction():
+                # The dedupe mark and the capture commit together: a failure leaves neither.
+                if not await self.queue.remember(addr, {"kind": "command", "command": "compact"}, dedupe_key=key):
+                    return "duplicate"
+                chat = await self.store.chat(addr)
+                if chat is not None and chat.busy:
+                    text = t("compact_already" if chat.kind == "compact" else "compact_after_answer", lang)
+                elif (chat is None or not chat.eve_session or chat.reset_mark or chat.measurement is None
+                      or chat.measurement < minimum):
+                    text = t("compact_nothing", lang)  # M2: small or unknown
+                else:
+                    before = chat.measurement
                     captured = await self.store.capture(
                         addr, kind="compact", origin="manual", claim=uuid.uuid4().hex, deliveries=[],
                         compact_notified=0, compact_before=before,
                     )
-                if captured:
-                    scheduler.manual[addr] = ManualCompaction(lang=lang, reply_to=message.message_id, before=before)
-                    text = t("compact_accepted", lang, before=f"{before:,}".replace(",", " "))
-                    self.wake(addr)
-                else:
-                    text = t("compact_after_answer", lang)  # M3: a turn took the chat first
+                    text = (t("compact_accepted", lang, before=f"{before:,}".replace(",", " ")) if captured
+                            else t("compact_after_answer", lang))  # M3: a turn took the chat first
+            if captured:
+                scheduler.manual[addr] = ManualCompaction(lang=lang, reply_to=message.message_id, before=before)
+                self.wake(addr)
             self.spawn(reply(text))
             return "command"
         finally:

@@ -229,15 +229,18 @@ class Store:
         unknown = set(fields) - _CHAT_COLUMNS
         if unknown:
             raise ValueError(f"not chat columns: {sorted(unknown)}")
-        values = [
-            json.dumps(list(v)) if k == "deliveries" else (str(v) if isinstance(v, enum.Enum) else v)
-            for k, v in fields.items()
-        ]
+        values = [self._encode(k, v) for k, v in fields.items()]
         assignments = ", ".join(f"{k} = ?" for k in fields)
         return await self.db.execute(
             f"UPDATE chats SET {assignments}, updated_at = ? WHERE address = ?",
             (*values, time.time(), address),
         )
+
+    @staticmethod
+    def _encode(column: str, value: Any) -> Any:
+        if column == "deliveries":
+            return json.dumps(list(value))  # type: ignore[arg-type]
+        return str(value) if isinstance(value, enum.Enum) else value
 
     async def capture(self, address: str, **fields: Any) -> bool:
         """idle → busy, only if the chat is idle now (a guarded update); says whether it applied."""
@@ -247,7 +250,7 @@ class Store:
         now = time.time()
         fields = {"status": "busy", "busy_since": now, "progress_at": now, **fields}
         assignments = ", ".join(f"{k} = ?" for k in fields)
-        values = [str(v) if isinstance(v, enum.Enum) else v for v in fields.values()]
+        values = [self._encode(k, v) for k, v in fields.items()]
         return bool(await self.db.execute(
             f"UPDATE chats SET {assignments}, updated_at = ? WHERE address = ? AND status = 'idle' "
             "AND reset_requested = 0",

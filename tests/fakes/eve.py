@@ -59,6 +59,7 @@ class FakeSession:
     started: bool = False
     task: asyncio.Task[None] | None = None
     turns_run: int = 0
+    compactions_done: int = 0
     sends: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -451,5 +452,6 @@ class FakeEve:
             await self._waiting(s, [])
             return
         s.history_chars = min(s.history_chars, 400)
+        s.compactions_done += 1
         await self._emit(s, "compaction.completed", {"modelId": "fake/fake-model", **turn}, [])
         await self._waiting(s, [])

@@ -81,6 +81,30 @@ class FakeTelegram:
                                500: "Internal Server Error", 502: "Bad Gateway"}.get(status, "Bad Request")
         self.faults.setdefault(method, []).extend(Fault(status, desc, retry_after, drop) for _ in range(times))
 
+    async def add_updates(self, updates: list[dict[str, Any]]) -> list[int]:
+        """Several updates at once, so one getUpdates answer carries them all."""
+        async with self._changed:
+            ids = []
+            for update in updates:
+                update_id = next(self._update_ids)
+                self.updates.append({"update_id": update_id, **update})
+                ids.append(update_id)
+            self._changed.notify_all()
+        return ids
+
+    def make_message(self, text: str, *, user_id: int = 1, language_code: str = "en") -> dict[str, Any]:
+        """A private message from ``user_id``, not yet delivered (for add_updates)."""
+        message_id = next(self._message_ids)
+        message: dict[str, Any] = {
+            "message_id": message_id, "date": int(time.time()),
+            "chat": {"id": user_id, "type": "private", "first_name": "Ann"},
+            "from": {"id": user_id, "is_bot": False, "first_name": "Ann", "language_code": language_code},
+            "text": text,
+        }
+        if text.startswith("/"):
+            message["entities"] = [{"type": "bot_command", "offset": 0, "length": len(text.split()[0])}]
+        return {"message": message}
+
     async def add_update(self, update: dict[str, Any]) -> int:
         update_id = next(self._update_ids)
         update = {"update_id": update_id, **update}

@@ -1,0 +1,227 @@
+"""Parking-lot compaction and /compact (SPEC §4-§5: C1-C8, C10, C11, M1-M6), end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tests.conftest import OWNER
+
+A = str(OWNER)
+
+
+async def wait_chat(d, tg, pred, what, timeout=20):
+    return await tg.wait_for(lambda: (c := d.chat(A)) is not None and pred(c) and c, timeout, what)
+
+
+def idle(c):
+    return c["status"] == "idle"
+
+
+def compacting(c):
+    return c["status"] == "busy" and c["kind"] == "compact"
+
+
+def route_order(fake) -> list[str]:
+    """The bridge's sends and compacts as the fake eve saw them, in order."""
+    out = []
+    for method, path, body in fake.requests:
+        if method == "POST" and path.endswith("/compact"):
+            out.append("compact")
+        elif method == "POST" and path.count("/") == 4 and body:
+            out.append("send:" + body["message"].split()[0])
+        elif method == "POST" and path.endswith("/cancel"):
+            out.append("cancel")
+    return out
+
+
+async def test_turn_over_threshold_compacts_once_before_the_next_message(tg, fake_eve, bridge):
+    """C1/C2: a turn measured at 120 000 → exactly one compact at parking, before the waiting message."""
+    await tg.message("big [[tokens=120000]] [[delay=1]]", user_id=OWNER)
+    await wait_chat(bridge, tg, lambda c: c["status"] == "busy", "busy")
+    await tg.message("next please", user_id=OWNER)
+    await tg.wait_texts(2)
+    await wait_chat(bridge, tg, idle, "idle")
+    assert route_order(fake_eve) == ["send:big", "compact", "send:next"]
+    assert tg.texts() == ["echo: big", "echo: next please"]  # C11: nothing said about it
+    chat = bridge.chat(A)
+    assert chat["compactions"] == 1 and chat["compaction_disabled"] == 0 and chat["after_pending"] == 0
+    assert chat["last_after"] < 76_800
+
+
+async def test_below_threshold_no_compaction(tg, fake_eve, bridge):
+    """C1: under the threshold nothing is compacted."""
+    await tg.message("small [[tokens=70000]]", user_id=OWNER)
+    await tg.wait_texts(1)
+    await wait_chat(bridge, tg, idle, "idle")
+    await asyncio.sleep(0.3)
+    assert route_order(fake_eve) == ["send:small"]
+
+
+@pytest.mark.parametrize(("window", "expect"), [(None, True), ("1000000", False)])
+async def test_threshold_from_info_or_env(tg, fake_eve, daemon_factory, window, expect):
+    """The window comes from IVA_CONTEXT_WINDOW, else eve's /info: 90 000 ≥ 60% of 128 000, < 110 000."""
+    env = {"IVA_CONTEXT_WINDOW": window} if window else {}
+    d = daemon_factory(fake_eve.url, fake_eve.token, **env)
+    await d.start()
+    await tg.message("mid [[tokens=90000]]", user_id=OWNER)
+    await tg.wait_texts(1)
+    await tg.wait_for(lambda: d.chat(A)["status"] == "idle", 20, "idle")
+    await asyncio.sleep(0.5)
+    assert ("compact" in route_order(fake_eve)) is expect
+
+
+async def test_messages_during_compaction_get_one_notice_and_wait(tg, fake_eve, bridge):
+    """C3 (queue policy): one notice per compaction; all three answered after session.waiting, in order."""
+    fake_eve.summary_delay = 2
+    await tg.message("big [[tokens=120000]]", user_id=OWNER)
+    await wait_chat(bridge, tg, compacting, "compacting")
+    for text in ("one", "two", "three"):
+        await tg.message(text, user_id=OWNER)
+    await tg.wait_texts(3, timeout=20)
+    await wait_chat(bridge, tg, idle, "idle")
+    texts = tg.texts()
+    assert texts == ["echo: big", "Compacting the conversation, I'll answer soon.", "echo: one two three"]
+    assert len(tg.calls_of("setMessageReaction")) == 2  # the other two: received, waiting
+    assert route_order(fake_eve) == ["send:big", "compact", "send:one"]
+
+
+async def test_immediate_policy_interrupts_the_compaction(tg, fake_eve, daemon_factory):
+    """C4: with the immediate policy a message cancels the compaction and is answered at once."""
+    fake_eve.summary_delay = 10
+    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_TURN_POLICY="immediate")
+    await d.start()
+    await tg.message("big [[tokens=120000]]", user_id=OWNER)
+    await tg.wait_for(lambda: (c := d.chat(A)) and compacting(c), 20, "compacting")
+    started = time.monotonic()
+    await tg.message("right now", user_id=OWNER)
+    await tg.wait_texts(2, timeout=20)
+    assert time.monotonic() - started < 5  # not after the 10 s summary
+    assert tg.texts() == ["echo: big", "echo: right now"]  # C11: no word about the compaction
+    assert route_order(fake_eve) == ["send:big", "compact", "cancel", "send:right"]
+    await tg.wait_for(lambda: d.chat(A)["status"] == "idle", 20, "idle")
+    assert d.chat(A)["compactions"] == 0
+
+
+async def test_late_acknowledgement_releases_then_recaptures(tg, fake_eve, bridge):
+    """C6: eve answers /compact after 7 s → free at 5 s, taken again on compaction.requested, free after."""
+    fake_eve.compact_ack_delay = 7
+    fake_eve.summary_delay = 2
+    await tg.message("big [[tokens=120000]]", user_id=OWNER)
+    await wait_chat(bridge, tg, compacting, "compacting")
+    t0 = time.monotonic()
+    await wait_chat(bridge, tg, idle, "released at the ack window", timeout=10)
+    released = time.monotonic() - t0
+    assert 4.0 <= released <= 6.5
+    await wait_chat(bridge, tg, compacting, "recaptured", timeout=10)
+    recaptured = time.monotonic() - t0
+    assert recaptured >= 6.0
+    await wait_chat(bridge, tg, idle, "free after session.waiting", timeout=10)
+    assert time.monotonic() - t0 >= 8.0
+    assert bridge.chat(A)["compactions"] == 1
+    assert route_order(fake_eve) == ["send:big", "compact"]
+
+
+async def test_failed_summary_frees_the_chat_without_a_loop(tg, fake_eve, bridge):
+    """C7: a failed summary leaves the history, frees the chat, and is not retried at once."""
+    fake_eve.summary_fail = True
+    await tg.message("big [[tokens=120000]]", user_id=OWNER)
+    await tg.wait_texts(1)
+    await wait_chat(bridge, tg, lambda c: idle(c) and c["compact_failures"] == 1, "failed compaction")
+    session = next(iter(fake_eve.sessions.values()))
+    assert session.compactions_done == 0  # the history is as it was
+    await tg.message("again big [[tokens=120000]]", user_id=OWNER)
+    await tg.wait_texts(2)
+    await wait_chat(bridge, tg, idle, "idle")
+    await asyncio.sleep(0.5)
+    assert route_order(fake_eve).count("compact") == 1
+    assert tg.texts() == ["echo: big", "echo: again big"]
+
+
+async def test_ineffective_compaction_disables_parking_for_the_session(tg, fake_eve, bridge):
+    """C8: "after" still ≥ threshold → parking compaction off for the session, across a restart; /new re-enables."""
+    await tg.message("big [[tokens=120000]]", user_id=OWNER)
+    await tg.wait_texts(1)
+    await wait_chat(bridge, tg, lambda c: idle(c) and c["after_pending"] == 1, "compacted")
+    await tg.message("still big [[tokens=120000]]", user_id=OWNER)
+    await tg.wait_texts(2)
+    await wait_chat(bridge, tg, lambda c: idle(c) and c["compaction_disabled"] == 1, "disabled")
+    assert route_order(fake_eve).count("compact") == 1
+    await bridge.terminate()
+    await bridge.start()
+    await tg.message("big again [[tokens=120000]]", user_id=OWNER)
+    await tg.wait_texts(3)
+    await wait_chat(bridge, tg, idle, "idle")
+    await tg.message("/status", user_id=OWNER)
+    await tg.wait_texts(4)
+    assert "off for this conversation" in tg.texts()[3]
+    assert route_order(fake_eve).count("compact") == 1
+    await tg.message("/new", user_id=OWNER)
+    await tg.wait_texts(5)
+    await tg.message("fresh big [[tokens=120000]]", user_id=OWNER)
+    await tg.wait_texts(6)
+    await wait_chat(bridge, tg, lambda c: idle(c) and c["compactions"] == 2 and c["compaction_disabled"] == 0,
+                    "compacted in the new session")
+    assert route_order(fake_eve).count("compact") == 2
+
+
+async def test_manual_compact_rules(tg, fake_eve, bridge):
+    """M2/M3: nothing yet when small or unknown; during a turn, again after the answer."""
+    await tg.message("/compact", user_id=OWNER)
+    await tg.wait_texts(1)
+    assert tg.texts()[0].startswith("Nothing to compact yet")
+    await tg.message("small [[tokens=20000]]", user_id=OWNER)
+    await tg.wait_texts(2)
+    await wait_chat(bridge, tg, idle, "idle")
+    await tg.message("/compact", user_id=OWNER)
+    await tg.wait_texts(3)
+    assert tg.texts()[2].startswith("Nothing to compact yet")
+    await tg.message("slow [[tokens=50000]] [[delay=2]]", user_id=OWNER)
+    await wait_chat(bridge, tg, lambda c: c["status"] == "busy", "busy")
+    await tg.message("/compact", user_id=OWNER)
+    await tg.wait_texts(4)
+    assert tg.texts()[3] == "I'm still answering. Send /compact again after the answer."
+    await tg.wait_texts(5)
+    assert "compact" not in route_order(fake_eve)
+
+
+async def test_manual_compact_reports_before_and_after_and_runs_once(tg, fake_eve, bridge):
+    """M1/M4/M5: two /compact in one batch → one compaction; before, done, then the after size."""
+    await tg.message("long talk [[tokens=50000]]", user_id=OWNER)
+    await tg.wait_texts(1)
+    await wait_chat(bridge, tg, idle, "idle")
+    fake_eve.summary_delay = 1
+    await tg.add_updates([tg.make_message("/compact", user_id=OWNER), tg.make_message("/compact", user_id=OWNER)])
+    await tg.wait_texts(4, timeout=20)
+    texts = tg.texts()[1:]
+    assert "Compacting the conversation (50 000 tokens). If I restart meanwhile, send /compact again." in texts
+    assert "Already compacting — I'll say when it's done." in texts
+    assert texts[-1].startswith("Done: the conversation is compacted")
+    assert route_order(fake_eve).count("compact") == 1
+    await wait_chat(bridge, tg, idle, "idle")
+    await tg.message("how big now", user_id=OWNER)
+    await tg.wait_texts(6)
+    after = tg.texts()[4:]
+    assert after[0] == "echo: how big now"
+    assert after[1].startswith("After compaction: ") and after[1].endswith("tokens (was 50 000).")
+
+
+async def test_real_eve_parking_compaction_shrinks_the_next_turn(tg, real_eve, daemon_factory):
+    """On the real eve: a 120 000-token turn is compacted at parking; the next measurement is far lower."""
+    before = sum(1 for r in real_eve.llm_requests() if r.get("kind") == "compaction")
+    d = daemon_factory(real_eve.url, real_eve.token)
+    await d.start()
+    await tg.message("a long day [[tokens=120000]]", user_id=OWNER)
+    await tg.wait_texts(1, timeout=40)
+    await tg.wait_for(lambda: (c := d.chat(A)) and c["status"] == "idle" and c["after_pending"] == 1, 40,
+                      "compacted")
+    assert sum(1 for r in real_eve.llm_requests() if r.get("kind") == "compaction") == before + 1
+    await tg.message("and now?", user_id=OWNER)
+    await tg.wait_texts(2, timeout=40)
+    await tg.wait_for(lambda: d.chat(A)["status"] == "idle", 40, "idle")
+    chat = d.chat(A)
+    assert chat["last_after"] is not None and chat["last_after"] < 20_000
+    assert chat["compaction_disabled"] == 0
+    assert tg.texts() == ["echo: a long day", "echo: and now?"]
