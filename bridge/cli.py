@@ -10,7 +10,7 @@ from aiogram.exceptions import TelegramAPIError, TelegramNetworkError, TelegramU
 
 import eve_client as eve
 
-from . import log
+from . import log, parking
 from .config import ConfigError, Settings
 
 __all__ = ["main"]
@@ -51,14 +51,21 @@ async def _check(settings: Settings) -> int:
             try:
                 info = await client.info()
                 window = settings.context_window or info.context_window_tokens
-                threshold = min(window * settings.compact_percent // 100, settings.compact_ceiling) if window else settings.compact_ceiling
+                ours = parking.threshold(window, settings.compact_percent, settings.compact_ceiling)
                 print(f"ok   eve agent: model {info.model_id}, window {info.context_window_tokens}, "
-                      f"parking threshold {threshold}")
-                if window and threshold > 0.75 * window:
-                    warnings.append(
-                        f"parking threshold {threshold} is above eve's in-turn safety net "
-                        f"(75% of {window}); lower IVA_COMPACT_PERCENT"
-                    )
+                      f"parking threshold {ours}")
+                if settings.context_window and info.context_window_tokens and \
+                        settings.context_window != info.context_window_tokens:
+                    warnings.append(f"IVA_CONTEXT_WINDOW={settings.context_window} but eve reports "
+                                    f"{info.context_window_tokens}")
+                if window:
+                    safety = parking.in_turn_threshold(window)
+                    if ours >= safety:
+                        warnings.append(
+                            f"the parking threshold {ours} is not below eve's in-turn safety net {safety} "
+                            f"(min(75% of {window}, 137 500)); eve would compact inside turns first. "
+                            "Lower IVA_COMPACT_PERCENT/IVA_COMPACT_CEILING (see examples/eve-agent/agent.ts)"
+                        )
             except eve.EveUnauthorized:
                 problems.append("eve: the token was rejected (IVA_EVE_TOKEN)")
             except eve.EveError as exc:

@@ -116,8 +116,9 @@ async def daemon_factory(tmp_path: Path, tg: FakeTelegram):
             "IVA_LOG_LEVEL": "debug",
             **env,
         }
-        (tmp_path / "state").mkdir(exist_ok=True)
-        daemon = Daemon(tmp_path / "state", base, tg)
+        state = Path(base["IVA_STATE_DIR"])
+        state.mkdir(parents=True, exist_ok=True)
+        daemon = Daemon(state, base, tg)
         daemons.append(daemon)
         return daemon
 
@@ -167,6 +168,16 @@ class RealEve:
             data = json.loads(response.read())
         return data["requests"] if isinstance(data, dict) else data
 
+    def control(self, **values: Any) -> None:
+        """The scripted model's control endpoint (fake_llm.py), e.g. next_summary_delay=3."""
+        import json
+        import urllib.request
+
+        request = urllib.request.Request(f"{self.llm_url}/control", data=json.dumps(values).encode(),
+                                         headers={"content-type": "application/json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+
 
 @pytest.fixture(scope="session")
 def real_eve(tmp_path_factory) -> RealEve:
@@ -196,6 +207,14 @@ class Backend:
 
     def __init__(self, name: str, url: str, token: str, fake: FakeEve | None, real: RealEve | None) -> None:
         self.name, self.url, self.token, self.fake, self.real = name, url, token, fake, real
+
+    def slow_summary(self, seconds: float) -> None:
+        """Make the next compaction's summary take ``seconds``."""
+        if self.fake is not None:
+            self.fake.summary_delay = seconds
+        else:
+            assert self.real is not None
+            self.real.control(next_summary_delay=seconds)
 
 
 @pytest.fixture(params=["fake", "real"])

@@ -48,3 +48,12 @@ async def test_check_names_a_wrong_eve_token(tg, fake_eve):
 async def test_check_names_a_bad_variable(tg, fake_eve):
     code, out = await _check(_env(tg, fake_eve.url, fake_eve.token, IVA_TURN_POLICY="sometimes"))
     assert code == 2 and "IVA_TURN_POLICY='sometimes' must be 'queue' or 'immediate'" in out
+
+
+async def test_check_warns_when_parking_would_not_come_before_eves_safety_net(tg, fake_eve):
+    """C9: a bridge threshold at or above eve's in-turn one (min(75% × window, 137 500)) is warned about."""
+    code, out = await _check(_env(tg, fake_eve.url, fake_eve.token, IVA_COMPACT_PERCENT="80"))
+    assert code == 0
+    assert "warn the parking threshold 102400 is not below eve's in-turn safety net 96000" in out
+    code, out = await _check(_env(tg, fake_eve.url, fake_eve.token))
+    assert "warn" not in out

@@ -208,6 +208,34 @@ async def test_manual_compact_reports_before_and_after_and_runs_once(tg, fake_ev
     assert after[1].startswith("After compaction: ") and after[1].endswith("tokens (was 50 000).")
 
 
+async def test_contract_notice_and_interrupt_on_both_eves(tg, backend, daemon_factory):
+    """C3 then C4 on the fake and the real eve: one notice and an ordered answer; an interrupting message."""
+    d = daemon_factory(backend.url, backend.token)
+    await d.start()
+    backend.slow_summary(3)
+    await tg.message("big [[tokens=120000]]", user_id=OWNER)
+    await tg.wait_for(lambda: (c := d.chat(A)) and compacting(c), 30, "compacting")
+    await tg.message("one", user_id=OWNER)
+    await tg.message("two", user_id=OWNER)
+    await tg.wait_texts(3, timeout=40)
+    await tg.wait_for(lambda: d.chat(A)["status"] == "idle", 40, "idle")
+    assert tg.texts() == ["echo: big", "Compacting the conversation, I'll answer soon.", "echo: one two"]
+    assert d.chat(A)["compactions"] == 1
+    await d.terminate()
+
+    immediate = daemon_factory(backend.url, backend.token, IVA_TURN_POLICY="immediate", IVA_STATE_DIR=str(d.state / "b"))
+    await immediate.start()
+    backend.slow_summary(8)
+    await tg.message("huge [[tokens=120000]]", user_id=OWNER)
+    await tg.wait_texts(4, timeout=40)
+    await tg.wait_for(lambda: (c := immediate.chat(A)) and compacting(c), 30, "compacting")
+    started = time.monotonic()
+    await tg.message("now", user_id=OWNER)
+    await tg.wait_texts(5, timeout=40)
+    assert time.monotonic() - started < 6
+    assert tg.texts()[3:] == ["echo: huge", "echo: now"]
+
+
 async def test_real_eve_parking_compaction_shrinks_the_next_turn(tg, real_eve, daemon_factory):
     """On the real eve: a 120 000-token turn is compacted at parking; the next measurement is far lower."""
     before = sum(1 for r in real_eve.llm_requests() if r.get("kind") == "compaction")
