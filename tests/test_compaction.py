@@ -253,3 +253,25 @@ async def test_real_eve_parking_compaction_shrinks_the_next_turn(tg, real_eve, d
     assert chat["last_after"] is not None and chat["last_after"] < 20_000
     assert chat["compaction_disabled"] == 0
     assert tg.texts() == ["echo: a long day", "echo: and now?"]
+
+
+async def test_group_compact_and_new_use_the_topic_address(tg, fake_eve, bridge):
+    """M6: in a forum topic, /compact and /new act on that topic's conversation, not the group's."""
+    from tests.fakes.telegram import BOT_USERNAME
+
+    group, topic = -1005, 42
+    mention = [{"type": "mention", "offset": 0, "length": len(BOT_USERNAME) + 1}]
+    where = dict(user_id=OWNER, chat_id=group, chat_type="supergroup", thread_id=topic, is_topic=True)
+    await tg.message(f"@{BOT_USERNAME} group talk [[tokens=60000]]", entities=mention, **where)
+    await tg.wait_texts(1)
+    address = f"{group}/{topic}"
+    await tg.wait_for(lambda: (c := bridge.chat(address)) and c["status"] == "idle", 20, "idle")
+    await tg.message("/compact", **where)
+    await tg.wait_texts(3, timeout=20)
+    assert tg.texts()[1].startswith("Compacting the conversation (60 000 tokens)")
+    assert all(p.get("message_thread_id") == topic for p in tg.sent())
+    await tg.message("/new", **where)
+    await tg.wait_texts(4)
+    assert tg.texts()[3] == "New conversation started."
+    assert bridge.chat(address)["eve_session"] is None
+    assert bridge.chat(str(group)) is None  # the group's own address was never touched
