@@ -295,6 +295,7 @@ class BusyPeriod:
                     if await self.s.store.capture(self.address, kind="compact", origin=c.origin,
                                                   claim=uuid.uuid4().hex, compact_notified=0):
                         c.released = False
+                        METRICS.busy_compacting.inc()
                         logger.info("compaction_chat_recaptured")
             case eve.CompactionCompleted():
                 c.completed = True
@@ -322,19 +323,25 @@ class BusyPeriod:
             elif outcome == "failed" and c.origin == "auto":
                 failures = chat.compact_failures + 1
                 fields.update(compact_failures=failures, compact_retry_at=time.time() + cooldown(failures))
-            await self.w.end_busy(**fields)
+            if c.released:
+                await self.s.store.update_chat(self.address, **fields)  # the chat is free already
+            else:
+                await self.w.end_busy(**fields)
             manual = self.s.manual.pop(self.address, None) if c.origin == "manual" else None
-            if manual is not None:
-                text = t("compact_done" if ok else "compact_failed", manual.lang)
-                await self.w.say(chat, f"compact:{chat.claim}:{outcome}", text, reply_to=manual.reply_to)
+            if c.origin == "manual":
+                # Live, or finished while we were down (R2): the person hears how it ended.
+                lang = manual.lang if manual is not None else chat.lang
+                text = t("compact_done" if ok else "compact_failed", lang)
+                await self.w.say(chat, f"compact:{chat.claim}:{outcome}", text,
+                                 reply_to=manual.reply_to if manual is not None else None)
                 if ok and c.before is not None:
-                    self.s.after_reports[self.address] = (manual.lang, c.before)
+                    self.s.after_reports[self.address] = (lang, c.before)
         self.s.manual_marks.discard(self.address)
         if not c.released:
             METRICS.busy_compacting.dec()
         METRICS.compactions.labels(origin=c.origin, outcome=outcome).inc()
         logger.info("compaction_finished", origin=c.origin, outcome=outcome, before=c.before)
-        if manual is not None:
+        if c.origin == "manual":
             await self.w.flush_outbox(chat)
 
     async def _on_poke(self) -> bool:
@@ -346,7 +353,10 @@ class BusyPeriod:
         c = self.compaction
         if c is not None:
             if c.released:
-                return bool(await self.s.queue.depth(self.address))  # a message: the worker starts its turn
+                # While we only watch, a message (or a /compact that took the free chat) ends the
+                # watch: the worker takes it from here; eve's compaction events then show up in
+                # that consumer's stream.
+                return chat.busy or bool(await self.s.queue.depth(self.address))
             if self.s.settings.turn_policy == "immediate" and not c.cancelled and await self.s.queue.depth(self.address):
                 # C4: a message interrupts the compaction; eve does not let it, so we cancel it.
                 c.cancelled = True

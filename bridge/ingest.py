@@ -231,7 +231,10 @@ class Ingest:
                 if not await self.queue.remember(addr, {"kind": "command", "command": "compact"}, dedupe_key=key):
                     return "duplicate"
                 chat = await self.store.chat(addr)
-                if chat is not None and chat.busy:
+                worker = scheduler.workers.get(addr)
+                if worker is not None and worker.compact_outstanding:
+                    text = t("compact_already", lang)  # C5: eve has not answered the last request yet
+                elif chat is not None and chat.busy:
                     text = t("compact_already" if chat.kind == "compact" else "compact_after_answer", lang)
                 elif (chat is None or not chat.eve_session or chat.reset_mark or chat.measurement is None
                       or chat.measurement < minimum):

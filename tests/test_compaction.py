@@ -275,3 +275,26 @@ async def test_group_compact_and_new_use_the_topic_address(tg, fake_eve, bridge)
     assert tg.texts()[3] == "New conversation started."
     assert bridge.chat(address)["eve_session"] is None
     assert bridge.chat(str(group)) is None  # the group's own address was never touched
+
+
+async def test_abandoned_compaction_is_closed_after_the_busy_timeout(tg, fake_eve, daemon_factory):
+    """C10/C11/R3: a compaction that never ends frees the chat after IVA_BUSY_TIMEOUT; auto says nothing,
+    /compact asks to send it again; the next message starts a new session."""
+    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_BUSY_TIMEOUT="3")
+    await d.start()
+    fake_eve.summary_delay = 60
+    await tg.message("big [[tokens=120000]]", user_id=OWNER)
+    await tg.wait_for(lambda: (c := d.chat(A)) and compacting(c), 20, "compacting")
+    await tg.wait_for(lambda: (c := d.chat(A)) and idle(c) and c["reset_mark"] == 1, 20, "freed with the reset mark")
+    await asyncio.sleep(0.3)
+    assert tg.texts() == ["echo: big"]  # auto: silent
+    fake_eve.summary_delay = 0
+    await tg.message("long talk [[tokens=50000]]", user_id=OWNER)
+    await tg.wait_texts(2)
+    assert len(fake_eve.sessions) == 2
+    await tg.wait_for(lambda: idle(d.chat(A)), 20, "idle")
+    fake_eve.summary_delay = 60
+    await tg.message("/compact", user_id=OWNER)
+    await tg.wait_texts(4, timeout=20)
+    assert tg.texts()[2].startswith("Compacting the conversation (50 000 tokens)")
+    assert tg.texts()[3] == "The compaction was interrupted. Please send /compact again."
