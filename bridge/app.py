@@ -21,9 +21,11 @@ from diskqueue import Database, DiskQueue
 
 from . import log, systemd
 from .config import Settings
+from .http import Listener
 from .ingest import Ingest
 from .metrics import METRICS
 from .sender import Sender
+from .state import open_state
 from .store import Store
 from .texts import t
 from .worker import Scheduler
@@ -112,11 +114,9 @@ class Bridge:
     async def run(self) -> None:
         s = self.settings
         async with contextlib.AsyncExitStack() as stack:
-            db = await Database(s.db_path).open()
+            state = await open_state(s.db_path)
+            db, queue, store = state.db, state.queue, state.store
             stack.push_async_callback(db.close)
-            queue, store = DiskQueue(db), Store(db)
-            await queue.migrate()
-            await store.migrate()
             requeued = await self._normalise(db, queue, store)
 
             bot = make_bot(s)
@@ -141,10 +141,21 @@ class Bridge:
 
             ingest = Ingest(bot=bot, me=me, settings=s, queue=queue, store=store, sender=sender,
                             scheduler=scheduler, status_text=status_text, spawn=self.spawn)
+            listener = Listener(s.api_listen, store=store, queue=queue, ingest=ingest)
+            try:
+                await listener.start()
+                stack.push_async_callback(listener.stop)
+            except OSError as exc:
+                # A busy port must not keep the bridge from answering people.
+                logger.error("http_listen_failed", listen=s.api_listen, error=str(exc))
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop.set)
 
+            if state.quarantined is not None:
+                # R5: the owners hear it from the bot itself, in their private chats.
+                for owner in sorted(s.owner_ids):
+                    self.spawn(sender.say(owner, None, t("state_quarantined", s.lang, path=str(state.quarantined))))
             recovered = await scheduler.recover()
             self.spawn(self._commands(bot))
             self.spawn(self._learn_window(client, scheduler))

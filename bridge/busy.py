@@ -40,6 +40,7 @@ __all__ = ["POKE", "BusyPeriod"]
 
 logger = log.get("bridge.busy")
 
+RESUME_GRACE = 10.0
 POKE = object()
 _STREAM_END = object()
 _GONE = (eve.SessionNotFound, eve.SessionNotActive, eve.SessionStranded, eve.SessionExpired)
@@ -68,8 +69,11 @@ class BusyPeriod:
         self.compaction = compaction
         self.progress = time.monotonic()
         timeout = self.s.settings.busy_timeout
-        if chat.progress_at:  # the time since the last persisted progress counts (a restart does not reset it)
-            self.progress -= max(0.0, min(timeout, time.time() - chat.progress_at))
+        if chat.progress_at:
+            # The time since the last persisted progress counts (a restart does not reset it), but
+            # a resumed consumer always gets a moment to read what eve wrote meanwhile.
+            grace = min(timeout, RESUME_GRACE)
+            self.progress -= max(0.0, min(timeout - grace, time.time() - chat.progress_at))
         self.typing: Typing | None = None
 
     # -- the loop ---------------------------------------------------------------------------
@@ -232,7 +236,6 @@ class BusyPeriod:
         if self.typing is not None:
             await self.typing.stop()
             self.typing = None
-        METRICS.busy_compacting.inc()
         self.compaction = Compacting(origin="auto", before=self.measurement)
         self._post_compact()
         return False
@@ -295,7 +298,6 @@ class BusyPeriod:
                     if await self.s.store.capture(self.address, kind="compact", origin=c.origin,
                                                   claim=uuid.uuid4().hex, compact_notified=0):
                         c.released = False
-                        METRICS.busy_compacting.inc()
                         logger.info("compaction_chat_recaptured")
             case eve.CompactionCompleted():
                 c.completed = True
@@ -337,8 +339,6 @@ class BusyPeriod:
                 if ok and c.before is not None:
                     self.s.after_reports[self.address] = (lang, c.before)
         self.s.manual_marks.discard(self.address)
-        if not c.released:
-            METRICS.busy_compacting.dec()
         METRICS.compactions.labels(origin=c.origin, outcome=outcome).inc()
         logger.info("compaction_finished", origin=c.origin, outcome=outcome, before=c.before)
         if c.origin == "manual":

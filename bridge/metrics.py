@@ -20,6 +20,7 @@ class _Metrics:
         self.compactions = Counter("iva_compactions", "Compactions, by origin and outcome", ["origin", "outcome"],
                                    registry=r)
         self.busy_compacting = Gauge("iva_compacting_chats", "Chats busy with a compaction", registry=r)
+        self.queue_depth = Gauge("iva_queue_depth", "Messages waiting in the on-disk queue", registry=r)
         self.busy = Gauge("iva_busy_chats", "Chats busy with a turn or a compaction", registry=r)
         self.turn_seconds = Histogram(
             "iva_turn_seconds", "Turn duration", registry=r,

@@ -68,8 +68,9 @@ class Sender:
             METRICS.telegram_sent.inc()
             if number + 1 < len(chunks):
                 await self.store.record_chunk(out.id, number + 1, ids)
-        await self.store.record_chunk(out.id, len(chunks), ids)
-        await self.store.finish_outgoing(out.id)
+        # One commit records the last part and the row's end: the duplicate window is only
+        # between Telegram's answer and this commit.
+        await self.store.finish_outgoing(out.id, chunks_sent=len(chunks), message_ids=ids)
 
     async def _send_chunk(
         self, chat_id: int, thread_id: int | None, chunk: Chunk, reply_to: int | None

@@ -306,10 +306,14 @@ class Store:
             (chunks_sent, json.dumps(message_ids), outgoing_id),
         )
 
-    async def finish_outgoing(self, outgoing_id: int, state: str = "sent") -> None:
+    async def finish_outgoing(self, outgoing_id: int, state: str = "sent", *, chunks_sent: int | None = None,
+                              message_ids: list[int] | None = None) -> None:
+        """pending → sent/failed, with the final progress in the same statement."""
         await self.db.execute(
-            "UPDATE outbox SET state = ?, sent_at = ? WHERE id = ? AND state = 'pending'",
-            (state, time.time(), outgoing_id),
+            "UPDATE outbox SET state = ?, sent_at = ?, chunks_sent = coalesce(?, chunks_sent), "
+            "message_ids = coalesce(?, message_ids) WHERE id = ? AND state = 'pending'",
+            (state, time.time(), chunks_sent, json.dumps(message_ids) if message_ids is not None else None,
+             outgoing_id),
         )
 
     async def fail_outgoing_of_chat(self, chat_id: int) -> int:

@@ -93,6 +93,16 @@ _TEXTS: dict[str, dict[Lang, str]] = {
         "en": "I lost the thread of our conversation and started a new one. Please repeat your last request.",
         "ru": "Я потерял нить разговора и начал новый. Пожалуйста, повторите последний запрос.",
     },
+    "state_quarantined": {
+        "en": (
+            "Iva: the state database failed its check at start. It was moved aside to {path} (not "
+            "deleted) and a fresh one was made. Messages that were waiting may need to be sent again."
+        ),
+        "ru": (
+            "Iva: база состояния не прошла проверку при запуске. Она отложена в {path} (не удалена), "
+            "создана новая. Ожидавшие сообщения, возможно, придётся отправить ещё раз."
+        ),
+    },
     "unsupported": {
         "en": "I can only read text for now.",
         "ru": "Пока я понимаю только текст.",

@@ -275,12 +275,8 @@ class ChatWorker:
                     **({} if session else dict(compaction_disabled=0, after_pending=0, compact_failures=0,
                                                compact_retry_at=None)),
                 )
-            METRICS.busy.inc()
             logger.info("turn_claimed", messages=[m.id for m in messages], session=session)
-            try:
-                await self._drive(messages)
-            finally:
-                METRICS.busy.dec()
+            await self._drive(messages)
         return True
 
     async def _ensure_session(self) -> str:
@@ -348,34 +344,30 @@ class ChatWorker:
         """A busy record with no live consumer: the same consumer, from the saved cursor (R2)."""
         logger.info("busy_record_resumed", kind=chat.kind, origin=chat.origin, session=chat.eve_session,
                     cursor=chat.cursor)
-        METRICS.busy.inc()
-        try:
-            if not chat.eve_session:
-                await self._give_back()  # claimed, but no session yet: eve never saw it
+        if not chat.eve_session:
+            await self._give_back()  # claimed, but no session yet: eve never saw it
+            return
+        if chat.kind == "compact":
+            await self._resume_compaction(chat)
+            return
+        if chat.kind != "turn":
+            await self.lost(f"unknown busy kind {chat.kind!r}")
+            return
+        if not chat.deliveries:
+            try:
+                page = await self.s.eve.read(chat.eve_session, chat.cursor)
+            except _GONE as exc:
+                await self.lost(str(exc))
                 return
-            if chat.kind == "compact":
-                await self._resume_compaction(chat)
-                return
-            if chat.kind != "turn":
-                await self.lost(f"unknown busy kind {chat.kind!r}")
-                return
-            if not chat.deliveries:
-                try:
-                    page = await self.s.eve.read(chat.eve_session, chat.cursor)
-                except _GONE as exc:
-                    await self.lost(str(exc))
+            if not any(isinstance(e, eve.TurnStarted | eve.MessageReceived) for e in page.events):
+                # Claimed and marked busy, but the send never reached eve: send it now.
+                messages = await self.s.queue.inflight(self.address)
+                if not messages:
+                    await self._give_back()
                     return
-                if not any(isinstance(e, eve.TurnStarted | eve.MessageReceived) for e in page.events):
-                    # Claimed and marked busy, but the send never reached eve: send it now.
-                    messages = await self.s.queue.inflight(self.address)
-                    if not messages:
-                        await self._give_back()
-                        return
-                    await self._drive(messages)
-                    return
-            await self._follow()
-        finally:
-            METRICS.busy.dec()
+                await self._drive(messages)
+                return
+        await self._follow()
 
     async def _resume_compaction(self, chat: Chat) -> None:
         assert chat.eve_session
@@ -383,7 +375,6 @@ class ChatWorker:
         origin = chat.origin or "auto"
         if origin == "manual" and manual is not None and not manual.posted:
             manual.posted = True  # a live /compact, captured by ingest (M1): request it now
-            METRICS.busy_compacting.inc()
             await self._follow(Compacting(origin="manual", before=manual.before))
             return
         try:
@@ -392,7 +383,6 @@ class ChatWorker:
             await self.lost(str(exc))
             return
         if any(isinstance(e, eve.CompactionRequested) for e in page.events):
-            METRICS.busy_compacting.inc()
             await self._follow(Compacting(origin=origin, before=chat.compact_before, acked=True))
             return
         # The compaction never started in eve (we stopped before asking, or eve never began):

@@ -95,6 +95,10 @@ class Daemon:
             row = conn.execute("SELECT * FROM chats WHERE address = ?", (address,)).fetchone()
             return dict(row) if row else None
 
+    @property
+    def api_url(self) -> str:
+        return "http://" + self.env["IVA_API_LISTEN"]
+
     def logs(self) -> str:
         return self.log.read_text(errors="replace")
 
@@ -114,6 +118,7 @@ async def daemon_factory(tmp_path: Path, tg: FakeTelegram):
             "IVA_ALLOWED_USER_IDS": str(FRIEND),
             "IVA_LANG": "en",
             "IVA_LOG_LEVEL": "debug",
+            "IVA_API_LISTEN": f"127.0.0.1:{free_port()}",
             **env,
         }
         state = Path(base["IVA_STATE_DIR"])

@@ -79,6 +79,9 @@ class FakeEve:
         self.summary_delay = 0.0
         self.summary_fail = False
         self.step_delay = 0.0
+        self.hold_sends = False  # sends wait for release_sends; a caller gone by then is dropped
+        self.release_sends = asyncio.Event()
+        self.held = 0
         self.sends_while_running = 0  # queue-policy sends that reached a running turn
         self._changed = asyncio.Condition()
         self._ids = itertools.count(1)
@@ -189,6 +192,11 @@ class FakeEve:
         if policy not in ("queue", "steer"):
             return web.json_response({"error": "Expected 'turnPolicy' to be either 'queue' or 'steer'.", "ok": False},
                                      status=400)
+        if self.hold_sends:
+            self.held += 1
+            await self.release_sends.wait()
+            if request.transport is None or request.transport.is_closing():
+                return web.Response(status=499)  # the caller died waiting: eve never took it
         delivery = str(uuid.uuid4())
         session.sends.append(body)
         if session.running and policy == "queue":

@@ -51,6 +51,9 @@ class FakeTelegram:
         self._message_ids = itertools.count(1)
         self._changed = asyncio.Condition()
         self.blocked_chats: set[int] = set()
+        # Called (and awaited) inside a method's handler before it answers: crash tests use it
+        # to hold a request, or to act at the exact moment Telegram has done the work.
+        self.hooks: dict[str, Any] = {}
         self.runner: web.AppRunner | None = None
         self.url = ""
 
@@ -227,6 +230,11 @@ class FakeTelegram:
                 request.transport.close()
                 return web.Response(status=500)
             return self._error(fault)
+        hook = self.hooks.get(method)
+        if hook is not None:
+            await hook(params)
+            if request.transport is None or request.transport.is_closing():
+                return web.Response(status=499)  # the caller is gone: nothing was done
         handler = getattr(self, f"_m_{method}", None)
         result = await handler(params) if handler else True
         if isinstance(result, Fault):

@@ -1,0 +1,85 @@
+"""The local HTTP listener (``IVA_API_LISTEN``): ``/healthz`` and ``/metrics`` (Prometheus text)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from . import log
+from .metrics import METRICS
+
+if TYPE_CHECKING:
+    from diskqueue import DiskQueue
+
+    from .ingest import Ingest
+    from .store import Store
+
+__all__ = ["Listener"]
+
+logger = log.get("bridge.http")
+
+POLL_STALE_AFTER = 120.0
+
+
+class Listener:
+    def __init__(self, listen: str, *, store: Store, queue: DiskQueue, ingest: Ingest) -> None:
+        host, _, port = listen.rpartition(":")
+        self.host = host.strip("[]")
+        self.port = int(port)
+        self.store = store
+        self.queue = queue
+        self.ingest = ingest
+        self.started = time.time()
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/metrics", self.metrics)
+        return app
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        logger.info("http_listening", host=self.host, port=self.port)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _refresh(self) -> tuple[int, int, int]:
+        queued = await self.queue.depth()
+        rows = await self.store.db.fetchall("SELECT kind, count(*) AS n FROM chats WHERE status = 'busy' GROUP BY kind")
+        by_kind = {r["kind"]: r["n"] for r in rows}
+        busy = sum(by_kind.values())
+        METRICS.queue_depth.set(queued)
+        METRICS.busy.set(busy)
+        METRICS.busy_compacting.set(by_kind.get("compact", 0))
+        return queued, busy, by_kind.get("compact", 0)
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        try:
+            queued, busy, compacting = await self._refresh()
+            database = "ok"
+        except Exception as exc:  # the answer is the report
+            queued = busy = compacting = -1
+            database = f"error: {exc}"
+        last = self.ingest.last_poll_ok
+        poll_age = None if last is None else round(time.time() - last, 1)
+        polling = poll_age is not None and poll_age < POLL_STALE_AFTER
+        ok = database == "ok" and polling
+        body = {"ok": ok, "database": database, "telegram_poll_age_s": poll_age, "queued": queued,
+                "busy_chats": busy, "compacting_chats": compacting, "uptime_s": round(time.time() - self.started)}
+        return web.json_response(body, status=200 if ok else 503)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        try:
+            await self._refresh()
+        except Exception as exc:
+            logger.warning("metrics_refresh_failed", error=str(exc))
+        return web.Response(body=generate_latest(METRICS.registry),
+                            headers={"content-type": CONTENT_TYPE_LATEST})
