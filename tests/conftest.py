@@ -54,8 +54,9 @@ class Daemon:
         self.log = state / "daemon.log"
 
     async def start(self, **overrides: str) -> None:
-        env = {**os.environ, **self.env, **overrides}
+        env = {**os.environ, **self.env}
         env.pop("NOTIFY_SOCKET", None)
+        env.update(overrides)
         polls = len(self.tg.calls_of("getUpdates"))
         self.starts += 1
         with open(self.log, "ab") as out:
