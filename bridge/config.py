@@ -20,6 +20,7 @@ DEFAULT_BUSY_TIMEOUT = 900.0
 DEFAULT_MAX_TURNS = 16
 DEFAULT_BATCH = 10
 DEFAULT_API_LISTEN = "127.0.0.1:8787"
+DEFAULT_MAX_FILE_MB = 20  # the Bot API's getFile limit
 
 _TOKEN = re.compile(r"^\d{3,}:[A-Za-z0-9_-]{20,}$")
 
@@ -53,6 +54,7 @@ class Settings:
     api_token: str | None = field(default=None, repr=False)
     max_turns: int = DEFAULT_MAX_TURNS
     batch_size: int = DEFAULT_BATCH
+    max_file_mb: int = DEFAULT_MAX_FILE_MB
     log_level: str = "info"
 
     @property
@@ -166,6 +168,7 @@ class Settings:
             busy_timeout=number("IVA_BUSY_TIMEOUT", DEFAULT_BUSY_TIMEOUT, low=1.0),
             max_turns=integer("IVA_MAX_TURNS", DEFAULT_MAX_TURNS, low=1, high=10_000),
             batch_size=integer("IVA_BATCH", DEFAULT_BATCH, low=1, high=100),
+            max_file_mb=integer("IVA_MAX_FILE_MB", DEFAULT_MAX_FILE_MB, low=1, high=2000),
         )
         if problems:
             raise ConfigError(problems)

@@ -173,14 +173,21 @@ class Ingest:
             return await self.on_compact(message, address, lang, key)
         if inbound.command in ("start", "help", "status", "new"):
             return await self.on_command(inbound.command, message, address, lang, key)
-        if not inbound.text or not inbound.text.strip():
-            if await self.queue.remember(str(address), {"kind": "unsupported"}, dedupe_key=key):
-                self.spawn(self.sender.say(address.chat_id, address.thread_id, t("unsupported", lang),
-                                           reply_to=message.message_id))
-            return "unsupported"
+        attachment = self._attachment(message)
+        limit = self.settings.max_file_mb
+        refusal = None
+        if attachment is not None and (attachment["size"] or 0) > limit * 1024 * 1024:
+            refusal = t("file_too_big", lang, size=round(attachment["size"] / 1024 / 1024, 1), limit=limit)
+        elif attachment is None and (not inbound.text or not inbound.text.strip()):
+            refusal = t("unsupported", lang)  # T8: a short clear answer, never silence
+        if refusal is not None:
+            if await self.queue.remember(str(address), {"kind": "refused"}, dedupe_key=key):
+                self.spawn(self.sender.say(address.chat_id, address.thread_id, refusal, reply_to=message.message_id))
+            return "refused"
         payload = {
             "kind": "message",
-            "text": inbound.text,
+            "text": inbound.text or "",
+            "attachment": attachment,
             "message_id": message.message_id,
             "user_id": user.id,
             "user_name": user.full_name,
@@ -212,6 +219,19 @@ class Ingest:
             self.spawn(self.sender.react(address.chat_id, message.message_id, RECEIPT_QUEUED))
         self.wake(str(address))
         return "queued"
+
+    @staticmethod
+    def _attachment(message: Message) -> dict[str, Any] | None:
+        """T8: a photo (its largest size) or a document, as a reference the worker downloads."""
+        if message.photo:
+            photo = message.photo[-1]
+            return {"file_id": photo.file_id, "size": photo.file_size, "mime": "image/jpeg",
+                    "name": f"photo-{message.message_id}.jpg"}
+        if message.document is not None:
+            doc = message.document
+            return {"file_id": doc.file_id, "size": doc.file_size, "mime": doc.mime_type or "application/octet-stream",
+                    "name": doc.file_name or f"file-{message.message_id}"}
+        return None
 
     async def on_compact(self, message: Message, address: Address, lang: str, key: str) -> str:
         """M1-M5: /compact takes the chat the way parking does, through eve's own route."""

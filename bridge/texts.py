@@ -104,8 +104,12 @@ _TEXTS: dict[str, dict[Lang, str]] = {
         ),
     },
     "unsupported": {
-        "en": "I can only read text for now.",
-        "ru": "Пока я понимаю только текст.",
+        "en": "I can read text, photos and documents — not this kind of message, sorry.",
+        "ru": "Я понимаю текст, фото и документы — такое сообщение, увы, нет.",
+    },
+    "file_too_big": {
+        "en": "That file is too big for me ({size} MB; the limit is {limit} MB).",
+        "ru": "Этот файл слишком большой ({size} МБ; предел — {limit} МБ).",
     },
     "status": {
         "en": (

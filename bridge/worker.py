@@ -242,15 +242,39 @@ class ChatWorker:
 
     # -- turns ------------------------------------------------------------------------------
 
-    def _compose(self, messages: Sequence[Message]) -> str:
-        """Several waiting messages go as one turn; in groups each line says who wrote it."""
-        parts = []
+    async def _compose(self, messages: Sequence[Message]) -> str | list[dict[str, Any]]:
+        """Several waiting messages go as one turn; in groups each says who wrote it; photos and
+        documents go as file parts (T8)."""
+        texts: list[str] = []
+        files: list[dict[str, Any]] = []
         for m in messages:
             text = str(m.payload.get("text", ""))
+            attachment = m.payload.get("attachment")
+            if attachment:
+                part = await self._download(attachment)
+                if part is not None:
+                    files.append(part)
+                else:
+                    text = f"{text}\n[{attachment.get('name')}: the file could not be fetched from Telegram]".strip()
             if not m.payload.get("private", True):
                 text = f"{m.payload.get('user_name') or 'someone'}: {text}"
-            parts.append(text)
-        return "\n\n".join(parts)
+            if text:
+                texts.append(text)
+        joined = "\n\n".join(texts)
+        if not files:
+            return joined
+        return [*([{"type": "text", "text": joined}] if joined else []), *files]
+
+    async def _download(self, attachment: dict[str, Any]) -> dict[str, Any] | None:
+        bot = self.s.sender.bot
+        try:
+            buffer = await bot.download(attachment["file_id"], timeout=60)
+        except Exception as exc:  # a file we cannot fetch becomes a note in the text, not a lost turn
+            logger.warning("telegram_download_failed", error=str(exc), name=attachment.get("name"))
+            return None
+        assert buffer is not None
+        return eve.file_part(buffer.getvalue(), attachment.get("mime") or "application/octet-stream",
+                             attachment.get("name"))
 
     async def _start_turn(self, chat: Chat) -> bool:
         """idle → busy(turn): claim the next messages and hand them to eve."""
@@ -295,7 +319,7 @@ class ChatWorker:
         for attempt in (1, 2):
             session = await self._ensure_session()
             try:
-                delivery = await self.s.eve.send(session, self._compose(messages), turn_policy=policy)
+                delivery = await self.s.eve.send(session, await self._compose(messages), turn_policy=policy)
             except _GONE as exc:
                 if attempt == 2 or policy == "steer":
                     raise Lost(str(exc)) from exc

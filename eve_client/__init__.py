@@ -1,6 +1,6 @@
 """eve_client: a typed async client of eve's HTTP session API. Nothing about Telegram."""
 
-from ._client import ClientContext, EveClient, TurnPolicy
+from ._client import ClientContext, EveClient, TurnPolicy, file_part
 from ._errors import (
     EveConnectError,
     EveError,
@@ -90,5 +90,6 @@ __all__ = [
     "TurnStarted",
     "TurnWaiting",
     "Usage",
+    "file_part",
     "parse_event",
 ]

@@ -22,11 +22,22 @@ from ._events import Event, MalformedLine, SessionCompleted, parse_event
 from ._models import Accepted, AgentInfo, Delivery, Health, ResetResult, StreamPage
 from ._retry import RetryPolicy
 
-__all__ = ["ClientContext", "EveClient", "TurnPolicy"]
+__all__ = ["ClientContext", "EveClient", "TurnPolicy", "file_part"]
 
 log = logging.getLogger("eve_client")
 
 TurnPolicy = Literal["queue", "steer"]
+
+
+def file_part(data: bytes, media_type: str, filename: str | None = None) -> dict[str, Any]:
+    """A file part for :meth:`EveClient.send`, carried as a base64 ``data:`` URL."""
+    import base64
+
+    part: dict[str, Any] = {"type": "file", "mediaType": media_type,
+                            "data": f"data:{media_type};base64,{base64.b64encode(data).decode()}"}
+    if filename:
+        part["filename"] = filename
+    return part
 ClientContext = str | Sequence[str] | Mapping[str, Any]
 
 DEFAULT_TIMEOUT = httpx.Timeout(15.0, connect=5.0)
@@ -156,14 +167,18 @@ class EveClient:
     async def send(
         self,
         session_id: str,
-        message: str,
+        message: str | Sequence[Mapping[str, Any]],
         *,
         turn_policy: TurnPolicy | None = None,
         client_context: ClientContext | None = None,
         extra: Mapping[str, Any] | None = None,
     ) -> Delivery:
-        """``POST /eve/v1/session/:id``: deliver a message (steer by default, as eve does)."""
-        payload: dict[str, Any] = {"message": message}
+        """``POST /eve/v1/session/:id``: deliver a message (steer by default, as eve does).
+
+        ``message`` is text, or a list of parts (``{"type": "text", "text"}`` and
+        ``{"type": "file", "data": "data:<type>;base64,…", "mediaType", "filename"}``).
+        """
+        payload: dict[str, Any] = {"message": message if isinstance(message, str) else list(message)}
         if turn_policy is not None:
             payload["turnPolicy"] = turn_policy
         if client_context is not None:

@@ -74,3 +74,17 @@ async def test_unknown_session_is_not_found(backend):
         except eve.SessionNotFound:
             return
         raise AssertionError("expected SessionNotFound")
+
+
+async def test_file_parts_are_accepted(backend):
+    """T8 contract: a message of text + file parts is accepted; message.received lists the file, not its bytes."""
+    async with eve.EveClient(backend.url, token=backend.token, retry=FAST) as client:
+        sid = await client.create_session()
+        await client.send(sid, [{"type": "text", "text": "read this"}, eve.file_part(b"hello file", "text/plain", "a.txt")],
+                          turn_policy="queue")
+        events = await _until_waiting(client, sid, 0)
+        received = next(e for e in events if isinstance(e, eve.MessageReceived))
+        assert received.message.startswith("read this\n[file: a.txt (text/plain)]")
+        parts = received.data["parts"]
+        assert {"mediaType": "text/plain", "type": "file", "filename": "a.txt", "size": 10} in parts
+        assert "data" not in str(parts)

@@ -272,3 +272,32 @@ async def test_stuck_session_is_freed_after_busy_timeout(tg, fake_eve, daemon_fa
     assert tg.texts()[2] == "echo: fresh start"
     assert len(fake_eve.sessions) == 2
     assert BOT_ID
+
+
+async def test_documents_and_photos_go_to_eve_as_file_parts(tg, fake_eve, bridge):
+    """T8: a document and a photo reach eve as file parts; a sticker or an oversized file gets a clear answer."""
+    tg.files["doc1"] = b"quarterly numbers"
+    tg.files["ph1"] = b"\xff\xd8\xffJPEGDATA"
+    await tg.message(None, user_id=OWNER, extra={"caption": "summarise", "document": {
+        "file_id": "doc1", "file_unique_id": "doc1", "file_name": "q3.txt", "mime_type": "text/plain", "file_size": 17}})
+    await tg.wait_texts(1)
+    assert tg.texts()[0] == "echo: summarise [file: q3.txt (text/plain)]"
+    session = next(iter(fake_eve.sessions.values()))
+    sent = session.sends[0]["message"]
+    assert sent[0] == {"type": "text", "text": "summarise"}
+    assert sent[1]["mediaType"] == "text/plain" and sent[1]["filename"] == "q3.txt"
+    assert sent[1]["data"] == "data:text/plain;base64,cXVhcnRlcmx5IG51bWJlcnM="
+    await tg.message(None, user_id=OWNER, extra={"photo": [
+        {"file_id": "small", "file_unique_id": "s", "width": 90, "height": 90, "file_size": 10},
+        {"file_id": "ph1", "file_unique_id": "p", "width": 800, "height": 800, "file_size": 11}]})
+    await tg.wait_texts(2)
+    assert tg.texts()[1].startswith("echo: [file: photo-")
+    await tg.message(None, user_id=OWNER, extra={"sticker": {
+        "file_id": "st", "file_unique_id": "st", "type": "regular", "width": 1, "height": 1, "is_animated": False,
+        "is_video": False}})
+    await tg.message(None, user_id=OWNER, extra={"document": {
+        "file_id": "huge", "file_unique_id": "h", "file_name": "big.iso", "file_size": 50 * 1024 * 1024}})
+    await tg.wait_texts(4)
+    assert tg.texts()[2].startswith("I can read text, photos and documents")
+    assert tg.texts()[3] == "That file is too big for me (50.0 MB; the limit is 20 MB)."
+    assert len(session.sends) == 2

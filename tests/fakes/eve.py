@@ -34,6 +34,32 @@ def _markers(text: str) -> tuple[str, dict[str, str]]:
     return re.sub(r"\s+", " ", _MARKER.sub("", text)).strip(), found  # as fake_llm.strip_markers
 
 
+def _flatten(message: Any) -> str:
+    """Like eve's message.received data.message: text parts, then one line per file."""
+    if isinstance(message, str):
+        return message
+    lines = [p.get("text", "") for p in message if p.get("type") == "text"]
+    lines += [f"[file: {p.get('filename') or 'file'} ({p.get('mediaType')})]" for p in message if p.get("type") == "file"]
+    return "\n".join(line for line in lines if line)
+
+
+def _parts(message: Any) -> list[dict[str, Any]]:
+    """Like eve's message.received data.parts: file metadata, never the bytes."""
+    import base64
+
+    if isinstance(message, str):
+        return [{"text": message, "type": "text"}]
+    out = []
+    for p in message:
+        if p.get("type") == "file":
+            data = str(p.get("data", ""))
+            size = len(base64.b64decode(data.split(",", 1)[1])) if "," in data else 0
+            out.append({"mediaType": p.get("mediaType"), "type": "file", "filename": p.get("filename"), "size": size})
+        else:
+            out.append({"text": p.get("text", ""), "type": "text"})
+    return out
+
+
 @dataclass
 class _Input:
     kind: str  # message | compact | clear
@@ -60,6 +86,7 @@ class FakeSession:
     task: asyncio.Task[None] | None = None
     turns_run: int = 0
     compactions_done: int = 0
+    parts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     sends: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -201,7 +228,8 @@ class FakeEve:
         session.sends.append(body)
         if session.running and policy == "queue":
             self.sends_while_running += 1
-        item = _Input("message", str(body.get("message", "")), delivery, policy)
+        item = _Input("message", _flatten(body.get("message", "")), delivery, policy)
+        session.parts[delivery] = _parts(body.get("message", ""))
         if self.stuck:
             pass  # accepted, never run (PROTOCOL.md §9)
         elif session.running and policy == "steer" and not session.output_started:
@@ -374,7 +402,8 @@ class FakeEve:
                                                                 "eveVersion": "0.80.1"}}, deliveries)
         await self._emit(s, "turn.started", turn, deliveries)
         texts = [item.text]
-        await self._emit(s, "message.received", {"message": item.text, "parts": [{"text": item.text, "type": "text"}],
+        await self._emit(s, "message.received", {"message": item.text,
+                                                 "parts": s.parts.get(item.delivery) or [{"text": item.text, "type": "text"}],
                                                  **turn}, deliveries)
         step = 0
         try:

@@ -54,6 +54,7 @@ class FakeTelegram:
         # Called (and awaited) inside a method's handler before it answers: crash tests use it
         # to hold a request, or to act at the exact moment Telegram has done the work.
         self.hooks: dict[str, Any] = {}
+        self.files: dict[str, bytes] = {}  # file_id → bytes, served by getFile and /file/
         self.runner: web.AppRunner | None = None
         self.url = ""
 
@@ -63,6 +64,7 @@ class FakeTelegram:
         app = web.Application()
         app.router.add_post("/bot{token}/{method}", self._handle)
         app.router.add_get("/bot{token}/{method}", self._handle)
+        app.router.add_get("/file/bot{token}/{path:.+}", self._file)
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -241,6 +243,19 @@ class FakeTelegram:
             return self._error(result)
         params["_ok"] = True
         return web.json_response({"ok": True, "result": result})
+
+    async def _file(self, request: web.Request) -> web.Response:
+        file_id = request.match_info["path"].rsplit("/", 1)[-1]
+        if request.match_info["token"] != TOKEN or file_id not in self.files:
+            return web.Response(status=404)
+        return web.Response(body=self.files[file_id])
+
+    async def _m_getFile(self, params: dict[str, Any]) -> dict[str, Any] | Fault:
+        file_id = str(params["file_id"])
+        if file_id not in self.files:
+            return Fault(400, "Bad Request: invalid file_id")
+        return {"file_id": file_id, "file_unique_id": file_id, "file_size": len(self.files[file_id]),
+                "file_path": f"documents/{file_id}"}
 
     async def _m_getMe(self, _: dict[str, Any]) -> dict[str, Any]:
         return {"id": BOT_ID, "is_bot": True, "first_name": "Iva", "username": BOT_USERNAME,
