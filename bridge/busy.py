@@ -75,6 +75,7 @@ class BusyPeriod:
             grace = min(timeout, RESUME_GRACE)
             self.progress -= max(0.0, min(timeout - grace, time.time() - chat.progress_at))
         self.typing: Typing | None = None
+        self.waiting_input = chat.waiting_input
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -184,6 +185,16 @@ class BusyPeriod:
                     self.measurement = usage.input_tokens
             case eve.CompactionRequested():
                 logger.info("eve_in_turn_compaction", estimate=event.usage_input_tokens)  # eve's, not ours
+            case eve.InputRequested():
+                await self._show_prompts(event)
+            case eve.TurnWaiting() if event.on == "input":
+                # T5: the turn cannot end until the person answers; their next message goes at once.
+                self.waiting_input = True
+                await store.update_chat(self.address, waiting_input=1, cursor=self.cursor, progress_at=time.time())
+                if self.typing is not None:
+                    await self.typing.stop()
+            case eve.InputResolved():
+                await store.close_prompts(self.session, event.request_ids)
             case eve.TurnFailed():
                 logger.warning("eve_turn_failed", code=event.code, error=event.message[:300])
                 METRICS.turns.labels(outcome="failed").inc()
@@ -191,7 +202,12 @@ class BusyPeriod:
                     await self.w.say(chat, f"failed:{event.id}", t("turn_failed", chat.lang, reason=event.code or "error"))
                     await store.update_chat(self.address, cursor=self.cursor, progress_at=time.time())
                 await self.w.flush_outbox(chat)
+        if (self.waiting_input and isinstance(event, eve.StepStarted | eve.InputResolved)) or event.terminal:
+            if self.waiting_input:
+                self.waiting_input = False
+                await store.update_chat(self.address, waiting_input=0)
         if event.terminal:
+            await store.close_prompts(self.session)
             self.turn_ended = True
             self.pending.difference_update(event.delivery_ids)
             if not self.deliveries_known:
@@ -366,12 +382,43 @@ class BusyPeriod:
                 except eve.EveError as exc:
                     logger.warning("compaction_cancel_failed", error=str(exc))
             return False
-        if self.s.settings.turn_policy == "immediate" and chat.kind == "turn":
+        if chat.kind == "turn" and (self.waiting_input or self.s.settings.turn_policy == "immediate"):
             return await self._steer(chat)
         return False
 
+    async def _show_prompts(self, event: eve.InputRequested) -> None:
+        """T5: each question or approval as a message with its options as inline buttons."""
+        chat, store = self.chat, self.s.store
+        async with store.db.transaction():
+            for request in event.requests:
+                prompt_id = await store.add_prompt(self.address, self.session, request.request_id,
+                                                   [o.id for o in request.options])
+                buttons = [{"text": o.label[:60], "callback_data": f"in:{prompt_id}:{i}"}
+                           for i, o in enumerate(request.options[:12])]
+                rows = [buttons[i:i + 3] for i in range(0, len(buttons), 3)] or None
+                text = request.prompt or t("input_needed", chat.lang)
+                await store.put_outgoing(self.address, f"{event.id}:{request.request_id}", chat.chat_id,
+                                         chat.thread_id, text, markup=rows)
+            await store.update_chat(self.address, cursor=self.cursor, progress_at=time.time())
+        if self.typing is not None:
+            await self.typing.stop()
+        await self.w.flush_outbox(chat)
+
     async def _steer(self, chat: Chat) -> bool:
+        """Messages for a running turn: button answers as inputResponses, texts as a steer (T4, T5)."""
         messages = await self.s.queue.claim(self.address, limit=self.s.settings.batch_size, claim=chat.claim)
+        if not messages:
+            return False
+        answers = [m for m in messages if m.payload.get("kind") == "input"]
+        messages = [m for m in messages if m.payload.get("kind") != "input"]
+        if answers:
+            try:
+                await self.s.eve.respond(self.session, [
+                    {"requestId": m.payload["request_id"], "optionId": m.payload["option_id"]} for m in answers
+                ])
+            except eve.EveError as exc:
+                logger.warning("eve_input_response_failed", error=str(exc))
+                await self.s.queue.nack([m.id for m in answers], claim=chat.claim)
         if not messages:
             return False
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import random
 import sqlite3
 import time
@@ -148,12 +149,38 @@ class Ingest:
         return "ignored"
 
     async def on_callback(self, query: CallbackQuery) -> str:
-        # Inline buttons arrive with T5 (turn.waiting prompts); answer so the button stops spinning.
+        """T5: a pressed option button becomes an inputResponse for the waiting turn."""
+        note: str | None = None
+        outcome = "callback"
         try:
-            await self.bot.answer_callback_query(query.id)
-        except Exception as exc:
-            logger.info("callback_answer_failed", error=str(exc))
-        return "callback"
+            kind, _, rest = (query.data or "").partition(":")
+            if kind != "in" or not self.settings.may_talk(query.from_user.id):
+                return "ignored"
+            prompt_id, _, index = rest.partition(":")
+            prompt = await self.store.prompt(int(prompt_id))
+            lang = pick_lang(query.from_user.language_code, self.settings.lang)
+            if prompt is None or prompt["state"] != "open":
+                note = t("input_closed", lang)
+                return "closed"
+            option = json.loads(prompt["options"])[int(index)]
+            message_id = query.message.message_id if query.message is not None else 0
+            row = await self.queue.enqueue(
+                prompt["address"],
+                {"kind": "input", "request_id": prompt["request_id"], "option_id": option, "message_id": message_id,
+                 "user_id": query.from_user.id},
+                dedupe_key=f"cb:{query.id}",
+            )
+            if row is not None:
+                self.wake(prompt["address"])
+            note = "✓"
+            return outcome
+        except (ValueError, IndexError):
+            return "ignored"
+        finally:
+            try:
+                await self.bot.answer_callback_query(query.id, text=note)
+            except Exception as exc:
+                logger.info("callback_answer_failed", error=str(exc))
 
     async def on_message(self, message: Message) -> str:
         user = message.from_user
@@ -214,7 +241,7 @@ class Ingest:
         if notice:
             self.spawn(self.sender.say(address.chat_id, address.thread_id, t("compacting_notice", lang),
                                        reply_to=message.message_id))
-        elif chat is not None and chat.busy and queue_policy:
+        elif chat is not None and chat.busy and queue_policy and not chat.waiting_input:
             # The receipt comes after the commit, never before: "received, waiting its turn".
             self.spawn(self.sender.react(address.chat_id, message.message_id, RECEIPT_QUEUED))
         self.wake(str(address))

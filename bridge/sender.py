@@ -22,7 +22,13 @@ from aiogram.exceptions import (
     TelegramRetryAfter,
     TelegramServerError,
 )
-from aiogram.types import LinkPreviewOptions, ReactionTypeEmoji, ReplyParameters
+from aiogram.types import (
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    LinkPreviewOptions,
+    ReactionTypeEmoji,
+    ReplyParameters,
+)
 
 from . import log
 from .metrics import METRICS
@@ -49,6 +55,15 @@ _GONE_MARKERS = ("chat not found", "bot was kicked", "user is deactivated", "mes
                  "topic_deleted", "have no rights to send", "not enough rights to send")
 
 
+def _keyboard(rows: object) -> InlineKeyboardMarkup | None:
+    if not rows:
+        return None
+    return InlineKeyboardMarkup(inline_keyboard=[
+        [InlineKeyboardButton(text=b["text"], callback_data=b["callback_data"]) for b in row]
+        for row in rows  # type: ignore[union-attr]
+    ])
+
+
 class Sender:
     def __init__(self, bot: Bot, store: Store) -> None:
         self.bot = bot
@@ -63,7 +78,8 @@ class Sender:
             if number < out.chunks_sent:
                 continue
             reply_to = out.reply_to if number == 0 else None
-            message_id, chat_id = await self._send_chunk(chat_id, out.thread_id, chunk, reply_to)
+            markup = _keyboard(out.markup) if number == len(chunks) - 1 else None
+            message_id, chat_id = await self._send_chunk(chat_id, out.thread_id, chunk, reply_to, markup)
             ids.append(message_id)
             METRICS.telegram_sent.inc()
             if number + 1 < len(chunks):
@@ -73,7 +89,8 @@ class Sender:
         await self.store.finish_outgoing(out.id, chunks_sent=len(chunks), message_ids=ids)
 
     async def _send_chunk(
-        self, chat_id: int, thread_id: int | None, chunk: Chunk, reply_to: int | None
+        self, chat_id: int, thread_id: int | None, chunk: Chunk, reply_to: int | None,
+        markup: InlineKeyboardMarkup | None = None,
     ) -> tuple[int, int]:
         attempt = 0
         while True:
@@ -88,6 +105,7 @@ class Sender:
                         ReplyParameters(message_id=reply_to, allow_sending_without_reply=True)
                         if reply_to else None
                     ),
+                    reply_markup=markup,
                 )
                 return message.message_id, chat_id
             except TelegramRetryAfter as exc:

@@ -18,7 +18,7 @@ from diskqueue import Database
 
 __all__ = ["SCHEMA_VERSION", "Chat", "ChatStatus", "Outgoing", "Store"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -77,6 +77,21 @@ _MIGRATIONS: dict[int, str] = {
     ALTER TABLE chats ADD COLUMN compact_retry_at REAL;
     ALTER TABLE chats ADD COLUMN compactions INTEGER NOT NULL DEFAULT 0
     """,
+    # T5: prompts the turn waits on, shown with inline buttons.
+    3: """
+    ALTER TABLE chats ADD COLUMN waiting_input INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE outbox ADD COLUMN markup TEXT;
+    CREATE TABLE prompts (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        address     TEXT    NOT NULL,
+        session     TEXT    NOT NULL,
+        request_id  TEXT    NOT NULL,
+        options     TEXT    NOT NULL DEFAULT '[]',
+        state       TEXT    NOT NULL DEFAULT 'open',
+        created_at  REAL    NOT NULL,
+        UNIQUE (session, request_id)
+    )
+    """,
 }
 
 
@@ -115,6 +130,7 @@ class Chat:
     compact_failures: int = 0
     compact_retry_at: float | None = None
     compactions: int = 0
+    waiting_input: bool = False
 
     @property
     def busy(self) -> bool:
@@ -151,6 +167,7 @@ class Chat:
             compact_failures=row["compact_failures"],
             compact_retry_at=row["compact_retry_at"],
             compactions=row["compactions"],
+            waiting_input=bool(row["waiting_input"]),
         )
 
 
@@ -166,6 +183,7 @@ class Outgoing:
     reply_to: int | None
     chunks_sent: int
     message_ids: tuple[int, ...]
+    markup: Any = None  # inline keyboard rows: [[{"text", "callback_data"}]]
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Outgoing:
@@ -180,6 +198,7 @@ class Outgoing:
             reply_to=row["reply_to"],
             chunks_sent=row["chunks_sent"],
             message_ids=tuple(json.loads(row["message_ids"])),
+            markup=json.loads(row["markup"]) if row["markup"] else None,
         )
 
 
@@ -190,6 +209,7 @@ _CHAT_COLUMNS = frozenset(
         "reset_mark", "reset_requested", "reset_reply_to", "reset_dropped", "blocked",
         "blocked_reason", "turns", "chat_id", "thread_id", "compact_notified", "compact_before",
         "after_pending", "last_after", "compact_failures", "compact_retry_at", "compactions",
+        "waiting_input",
     }
 )
 
@@ -281,12 +301,14 @@ class Store:
         *,
         format: str = "markdown",
         reply_to: int | None = None,
+        markup: Any = None,
     ) -> bool:
         """Queue a text to send; False when ``key`` was queued before (T7: replays send nothing)."""
         rows = await self.db.fetchall(
-            "INSERT INTO outbox (address, key, chat_id, thread_id, text, format, reply_to, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING RETURNING id",
-            (address, key, chat_id, thread_id, text, format, reply_to, time.time()),
+            "INSERT INTO outbox (address, key, chat_id, thread_id, text, format, reply_to, markup, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING RETURNING id",
+            (address, key, chat_id, thread_id, text, format, reply_to,
+             json.dumps(markup) if markup is not None else None, time.time()),
         )
         return bool(rows)
 
@@ -315,6 +337,26 @@ class Store:
             (state, time.time(), chunks_sent, json.dumps(message_ids) if message_ids is not None else None,
              outgoing_id),
         )
+
+    async def add_prompt(self, address: str, session: str, request_id: str, options: list[str]) -> int:
+        rows = await self.db.fetchall(
+            "INSERT INTO prompts (address, session, request_id, options, created_at) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (session, request_id) DO UPDATE SET state = state RETURNING id",
+            (address, session, request_id, json.dumps(options), time.time()),
+        )
+        return int(rows[0]["id"])
+
+    async def prompt(self, prompt_id: int) -> sqlite3.Row | None:
+        return await self.db.fetchone("SELECT * FROM prompts WHERE id = ?", (prompt_id,))
+
+    async def close_prompts(self, session: str, request_ids: tuple[str, ...] | None = None) -> None:
+        if request_ids is None:
+            await self.db.execute("UPDATE prompts SET state = 'closed' WHERE session = ? AND state = 'open'", (session,))
+            return
+        for request_id in request_ids:
+            await self.db.execute(
+                "UPDATE prompts SET state = 'closed' WHERE session = ? AND request_id = ?", (session, request_id)
+            )
 
     async def fail_outgoing_of_chat(self, chat_id: int) -> int:
         return await self.db.execute(

@@ -93,6 +93,8 @@ _TEXTS: dict[str, dict[Lang, str]] = {
         "en": "I lost the thread of our conversation and started a new one. Please repeat your last request.",
         "ru": "Я потерял нить разговора и начал новый. Пожалуйста, повторите последний запрос.",
     },
+    "input_needed": {"en": "I need your answer to go on.", "ru": "Чтобы продолжить, мне нужен ваш ответ."},
+    "input_closed": {"en": "This question is closed.", "ru": "Этот вопрос уже закрыт."},
     "state_quarantined": {
         "en": (
             "Iva: the state database failed its check at start. It was moved aside to {path} (not "

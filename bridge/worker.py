@@ -291,6 +291,13 @@ class ChatWorker:
                 messages = await queue.claim(self.address, limit=self.s.settings.batch_size, claim=claim)
                 if not messages:
                     return False
+                stale = [m for m in messages if m.payload.get("kind") == "input"]
+                if stale:
+                    # A button pressed after its turn ended: nothing waits for it any more.
+                    await queue.ack([m.id for m in stale], claim=claim)
+                    messages = [m for m in messages if m.payload.get("kind") != "input"]
+                    if not messages:
+                        return True
                 now = time.time()
                 await store.update_chat(
                     self.address, status=ChatStatus.BUSY, kind="turn", origin=None, claim=claim,

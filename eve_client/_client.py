@@ -192,6 +192,15 @@ class EveClient:
         delivery = body.get("deliveryId")
         return Delivery(session_id=session_id, delivery_id=delivery if isinstance(delivery, str) else None)
 
+    async def respond(self, session_id: str, responses: Sequence[Mapping[str, Any]]) -> Delivery:
+        """Answer pending input requests: ``[{"requestId", "optionId"?, "text"?}]``."""
+        _, body = await self._call(
+            "POST", f"/eve/v1/session/{self._sid(session_id)}", route="respond",
+            json={"inputResponses": [dict(r) for r in responses]}, idempotent=False,
+        )
+        delivery = body.get("deliveryId")
+        return Delivery(session_id=session_id, delivery_id=delivery if isinstance(delivery, str) else None)
+
     async def _action(self, session_id: str, action: str, payload: Any, *, idempotent: bool) -> dict[str, Any]:
         _, body = await self._call(
             "POST", f"/eve/v1/session/{self._sid(session_id)}/{action}", route=action,

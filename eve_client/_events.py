@@ -19,6 +19,10 @@ __all__ = [
     "CompactionRequested",
     "ContextCleared",
     "Event",
+    "InputOption",
+    "InputRequest",
+    "InputRequested",
+    "InputResolved",
     "MalformedLine",
     "MessageAppended",
     "MessageCompleted",
@@ -222,6 +226,63 @@ class TurnWaiting(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class InputOption:
+    id: str
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class InputRequest:
+    """One question or approval the turn waits on (eve's ``InputRequest``)."""
+
+    request_id: str
+    kind: str  # "question" | "tool-approval" | "session-limit"
+    prompt: str
+    options: tuple[InputOption, ...]
+    allow_freeform: bool
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> InputRequest | None:
+        request_id = raw.get("requestId")
+        if not isinstance(request_id, str):
+            return None
+        options = tuple(
+            InputOption(str(o["id"]), str(o.get("label") or o["id"]))
+            for o in raw.get("options") or []
+            if isinstance(o, Mapping) and isinstance(o.get("id"), str)
+        )
+        return cls(request_id, str(raw.get("kind") or "question"), str(raw.get("prompt") or ""), options,
+                   bool(raw.get("allowFreeform")))
+
+
+@dataclass(frozen=True, slots=True)
+class InputRequested(Event):
+    """The run paused for a person: approvals or questions, answered with ``inputResponses``."""
+
+    TYPE: ClassVar[str] = "input.requested"
+
+    @property
+    def requests(self) -> tuple[InputRequest, ...]:
+        raw = self.data.get("requests")
+        if not isinstance(raw, list):
+            return ()
+        parsed = (InputRequest.from_json(r) for r in raw if isinstance(r, Mapping))
+        return tuple(r for r in parsed if r is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class InputResolved(Event):
+    TYPE: ClassVar[str] = "input.resolved"
+
+    @property
+    def request_ids(self) -> tuple[str, ...]:
+        raw = self.data.get("resolutions")
+        if not isinstance(raw, list):
+            return ()
+        return tuple(r["requestId"] for r in raw if isinstance(r, Mapping) and isinstance(r.get("requestId"), str))
+
+
+@dataclass(frozen=True, slots=True)
 class SessionWaiting(Event):
     """The session is parked, waiting for the next message."""
 
@@ -281,6 +342,8 @@ _TYPES: dict[str, type[Event]] = {
         TurnFailed,
         TurnCancelled,
         TurnWaiting,
+        InputRequested,
+        InputResolved,
         SessionWaiting,
         SessionCompleted,
         SessionFailed,

@@ -301,3 +301,36 @@ async def test_documents_and_photos_go_to_eve_as_file_parts(tg, fake_eve, bridge
     assert tg.texts()[2].startswith("I can read text, photos and documents")
     assert tg.texts()[3] == "That file is too big for me (50.0 MB; the limit is 20 MB)."
     assert len(session.sends) == 2
+
+
+async def test_question_shows_buttons_and_the_answer_resumes_the_turn(tg, fake_eve, bridge):
+    """T5: turn.waiting on input → the prompt with its options as buttons; a press answers eve."""
+    await tg.message("deploy? [[ask=Deploy to prod?|approve|cancel]]", user_id=OWNER)
+    await tg.wait_texts(1)
+    prompt = tg.sent()[0]
+    assert prompt["text"] == "Deploy to prod?"
+    labels = [b["text"] for row in prompt["reply_markup"]["inline_keyboard"] for b in row]
+    assert labels == ["Approve", "Cancel"]
+    await tg.wait_for(lambda: bridge.chat(str(OWNER))["waiting_input"] == 1, 10, "waiting on input")
+    await tg.press(prompt, "Approve", user_id=OWNER)
+    await tg.wait_texts(2)
+    assert tg.texts()[1] == "answered: approve"
+    assert [c["text"] for c in tg.calls_of("answerCallbackQuery")] == ["✓"]
+    session = next(iter(fake_eve.sessions.values()))
+    assert any(e["type"] == "input.resolved" for e in session.events)
+    await tg.wait_for(lambda: bridge.chat(str(OWNER))["status"] == "idle", 10, "idle")
+    await tg.press(prompt, "Cancel", user_id=OWNER)  # too late: the question is closed
+    await tg.wait_for(lambda: len(tg.calls_of("answerCallbackQuery")) == 2, 10, "second answer")
+    assert tg.calls_of("answerCallbackQuery")[1]["text"] == "This question is closed."
+
+
+async def test_a_message_answers_the_waiting_turn_under_queue_policy(tg, fake_eve, bridge):
+    """T5: while the turn waits on the person, their next message goes to eve at once (queue policy too)."""
+    await tg.message("name? [[ask=What should I call it?]]", user_id=OWNER)
+    await tg.wait_texts(1)
+    await tg.wait_for(lambda: bridge.chat(str(OWNER))["waiting_input"] == 1, 10, "waiting on input")
+    await tg.message("Bob", user_id=OWNER)
+    await tg.wait_texts(2)
+    assert tg.texts()[1] == "answered: Bob"
+    # It did not wait in the queue (no 👀); it went to the running turn (⚡).
+    assert [r["reaction"][0]["emoji"] for r in tg.calls_of("setMessageReaction")] == ["⚡"]

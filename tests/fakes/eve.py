@@ -87,6 +87,8 @@ class FakeSession:
     turns_run: int = 0
     compactions_done: int = 0
     parts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    asking: bool = False  # a question is open (input.requested … turn.waiting on input)
+    answers: asyncio.Queue[tuple[str, Any, str]] = field(default_factory=asyncio.Queue)
     sends: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -215,6 +217,16 @@ class FakeEve:
             return web.json_response({"code": "session_not_ready",
                                       "error": "The session is not ready to accept messages yet.", "ok": False},
                                      status=409)
+        if "inputResponses" in body and "message" not in body:
+            delivery = str(uuid.uuid4())
+            session.answers.put_nowait(("response", body["inputResponses"], delivery))
+            return web.json_response({"ok": True, "sessionId": session.id, "status": "accepted",
+                                      "deliveryId": delivery}, status=202)
+        if session.asking and not self.stuck:
+            delivery = str(uuid.uuid4())
+            session.answers.put_nowait(("message", body.get("message", ""), delivery))
+            return web.json_response({"ok": True, "sessionId": session.id, "status": "accepted",
+                                      "deliveryId": delivery}, status=202)
         policy = body.get("turnPolicy", "steer")
         if policy not in ("queue", "steer"):
             return web.json_response({"error": "Expected 'turnPolicy' to be either 'queue' or 'steer'.", "ok": False},
@@ -427,6 +439,37 @@ class FakeEve:
                                      deliveries)
                     step += 1
                     continue
+                if "ask" in marks and step == 0:
+                    prompt, *options = marks["ask"].split("|")
+                    request_id = f"req_{seq}"
+                    await self._emit(s, "input.requested", {"requests": [{
+                        "requestId": request_id, "kind": "question", "prompt": prompt, "allowFreeform": True,
+                        "options": [{"id": o, "label": o.title()} for o in options],
+                        "action": {"callId": f"call_{seq}", "input": {}, "kind": "tool-call", "toolName": "ask_question"},
+                    }], **turn}, deliveries)
+                    await self._emit(s, "turn.waiting", {"on": "input", **turn}, deliveries)
+                    s.asking = True
+                    try:
+                        how, value, delivery = await s.answers.get()
+                    finally:
+                        s.asking = False
+                    deliveries.append(delivery)
+                    if how == "message":
+                        text = _flatten(value)
+                        await self._emit(s, "message.received", {"message": text, "parts": _parts(value), **turn},
+                                         deliveries)
+                        response = {"text": text}
+                    else:
+                        response = {k: v for k, v in value[0].items() if k != "requestId"}
+                    await self._emit(s, "input.resolved", {"resolutions": [{
+                        "requestId": request_id, "kind": "question", "outcome": "answered", "response": response}],
+                        **turn}, deliveries)
+                    step += 1
+                    await self._emit(s, "step.started", {"modelId": "fake/fake-model", "stepIndex": step, **turn},
+                                     deliveries)
+                    answer = response.get("optionId") or response.get("text")
+                    texts[-1] = f"[[reply=answered: {answer}]]"
+                    clean, marks = _markers(texts[-1])
                 if "fail" in marks:
                     await self._emit(s, "step.failed", {"code": "MODEL_CALL_FAILED", "stepIndex": step, **turn}, deliveries)
                     await self._emit(s, "turn.failed", {"code": "MODEL_CALL_FAILED",

@@ -171,6 +171,21 @@ class FakeTelegram:
         await self.add_update({"message": message})
         return message
 
+    async def press(self, sent: dict[str, Any], label: str, *, user_id: int = 1) -> dict[str, Any]:
+        """The user presses an inline button of a message the bot sent."""
+        rows = (sent.get("reply_markup") or {}).get("inline_keyboard") or []
+        button = next(b for row in rows for b in row if b["text"] == label)
+        query = {
+            "id": f"cbq{next(self._message_ids)}",
+            "from": {"id": user_id, "is_bot": False, "first_name": "Ann", "language_code": "en"},
+            "chat_instance": "ci",
+            "data": button["callback_data"],
+            "message": {"message_id": sent["_message_id"], "date": int(time.time()),
+                        "chat": {"id": int(sent["chat_id"]), "type": "private"}, "text": sent["text"]},
+        }
+        await self.add_update({"callback_query": query})
+        return query
+
     def sent(self, chat_id: int | None = None) -> list[dict[str, Any]]:
         """Every sendMessage that succeeded, in order."""
         return [c.params for c in self.calls if c.method == "sendMessage" and c.params.get("_ok")
