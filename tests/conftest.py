@@ -165,6 +165,7 @@ class RealEve:
         self.token = env["EVE_PEER_TOKEN"]
         self.llm_url = env["FAKE_LLM_BASE_URL"]
         self.run_dir = run_dir
+        self.script_env: dict[str, str] = {}
 
     def llm_requests(self) -> list[dict[str, Any]]:
         import json
@@ -173,6 +174,15 @@ class RealEve:
         with urllib.request.urlopen(f"{self.llm_url}/requests", timeout=10) as response:
             data = json.loads(response.read())
         return data["requests"] if isinstance(data, dict) else data
+
+    def restart_eve(self, *, kill: bool) -> None:
+        """eve only (the scripted model keeps running), with its durable store kept."""
+        import subprocess
+
+        stop = ["bash", str(EVE_PEER / "stop.sh"), "--eve-only"] + (["--kill"] if kill else [])
+        subprocess.run(stop, env=self.script_env, capture_output=True, timeout=60, check=True, stdin=subprocess.DEVNULL)
+        subprocess.run(["bash", str(EVE_PEER / "start.sh"), "--eve-only", "--keep-state"], env=self.script_env,
+                       capture_output=True, timeout=300, check=True, stdin=subprocess.DEVNULL)
 
     def control(self, **values: Any) -> None:
         """The scripted model's control endpoint (fake_llm.py), e.g. next_summary_delay=3."""
@@ -203,6 +213,7 @@ def real_eve(tmp_path_factory) -> RealEve:
         pytest.fail(f"eve-peer did not start:\n{done.stdout}\n{done.stderr}")
     values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     peer = RealEve(values, run_dir)
+    peer.script_env = env
     yield peer
     subprocess.run(["bash", str(EVE_PEER / "stop.sh")], env=env, capture_output=True, timeout=60,
                    stdin=subprocess.DEVNULL)

@@ -234,3 +234,39 @@ async def test_healthz_and_metrics(tg, fake_eve, bridge):
     assert 'iva_turns_total{outcome="completed"} 1.0' in text
     assert "iva_queue_depth 0.0" in text and "iva_telegram_messages_sent_total 1.0" in text
     assert "iva_compactions_total" in text or "iva_compactions" in text
+
+
+async def test_stuck_eve_session_after_an_eve_restart_is_reset(tg, fake_eve, daemon_factory):
+    """R2/R3 with the fake eve's "stuck" mode (PROTOCOL.md §9): told to repeat, next message in a new session."""
+    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_BUSY_TIMEOUT="3")
+    await d.start()
+    await tg.message("warm up", user_id=OWNER)
+    await tg.wait_texts(1)
+    fake_eve.stuck = True
+    await tg.message("this hangs", user_id=OWNER)
+    await tg.wait_texts(2, timeout=20)
+    assert "repeat your last request" in tg.texts()[1]
+    fake_eve.stuck = False
+    await tg.message("again", user_id=OWNER)
+    await tg.wait_texts(3, timeout=20)
+    assert tg.texts()[2] == "echo: again" and len(fake_eve.sessions) == 2
+
+
+async def test_real_eve_restarted_mid_turn(tg, real_eve, daemon_factory):
+    """PROTOCOL.md §9 on the real eve: killed mid-turn and restarted with its state, the session is stuck;
+    the person is told to repeat and the next message is answered in a new session."""
+    d = daemon_factory(real_eve.url, real_eve.token, IVA_BUSY_TIMEOUT="8")
+    await d.start()
+    await tg.message("warm up", user_id=OWNER)
+    await tg.wait_texts(1, timeout=30)
+    first = d.chat(A)["eve_session"]
+    await tg.message("long one [[delay=6]]", user_id=OWNER)
+    await tg.wait_for(lambda: any("long one" in str(r.get("latest_user") or r.get("preview"))
+                                  for r in real_eve.llm_requests()), 20, "the model call in flight")
+    await asyncio.to_thread(real_eve.restart_eve, kill=True)
+    await tg.wait_texts(2, timeout=60)
+    assert "repeat your last request" in tg.texts()[1]
+    await tg.message("new start", user_id=OWNER)
+    await tg.wait_texts(3, timeout=40)
+    assert tg.texts()[2] == "echo: new start"
+    assert d.chat(A)["eve_session"] != first
