@@ -45,11 +45,19 @@ class Inbound:
     private: bool
 
 
+def _extract(entity, text: str) -> str:
+    """An entity's text, or "" when its offsets do not fit the text (never raise on input)."""
+    try:
+        return entity.extract_from(text)
+    except Exception:
+        return ""
+
+
 def _mentions_bot(message: Message, me: User) -> bool:
     text = message.text or message.caption or ""
     for entity in message.entities or message.caption_entities or []:
         if entity.type == "mention" and me.username:
-            mention = entity.extract_from(text)
+            mention = _extract(entity, text)
             if mention.lower() == f"@{me.username.lower()}":
                 return True
         if entity.type == "text_mention" and entity.user and entity.user.id == me.id:
@@ -78,7 +86,7 @@ def classify(message: Message, me: User) -> Inbound:
     if message.text and message.text.startswith("/") and message.entities:
         first = message.entities[0]
         if first.type == "bot_command" and first.offset == 0:
-            raw = first.extract_from(message.text)[1:]
+            raw = _extract(first, message.text)[1:]
             name, _, target = raw.partition("@")
             if not target or (me.username and target.lower() == me.username.lower()):
                 command = name.lower()

@@ -54,7 +54,11 @@ class FakeTelegram:
         # Called (and awaited) inside a method's handler before it answers: crash tests use it
         # to hold a request, or to act at the exact moment Telegram has done the work.
         self.hooks: dict[str, Any] = {}
-        self.files: dict[str, bytes] = {}  # file_id → bytes, served by getFile and /file/
+        self.files: dict[str, bytes] = {}
+        self.storm: Any = None  # a random.Random when a fault storm is on
+        self.storm_rate = 0.0
+        self.storm_methods: set[str] = set()
+        self.storm_hits = 0  # file_id → bytes, served by getFile and /file/
         self.runner: web.AppRunner | None = None
         self.url = ""
 
@@ -85,6 +89,12 @@ class FakeTelegram:
                                403: "Forbidden: bot was blocked by the user",
                                500: "Internal Server Error", 502: "Bad Gateway"}.get(status, "Bad Request")
         self.faults.setdefault(method, []).extend(Fault(status, desc, retry_after, drop) for _ in range(times))
+
+    def start_storm(self, rate: float, methods: set[str], seed: int = 7) -> None:
+        """Fail that share of calls to ``methods`` with 5xx, 429 or a dropped connection."""
+        import random
+
+        self.storm, self.storm_rate, self.storm_methods = random.Random(seed), rate, methods
 
     async def add_updates(self, updates: list[dict[str, Any]]) -> list[int]:
         """Several updates at once, so one getUpdates answer carries them all."""
@@ -239,6 +249,17 @@ class FakeTelegram:
         params = await self._params(request)
         call = Call(method, params)
         self.calls.append(call)
+        if self.storm is not None and method in self.storm_methods and self.storm.random() < self.storm_rate:
+            kind = self.storm.choice(["500", "502", "drop", "429"])
+            fault = (Fault(429, "Too Many Requests: retry after 1", 1) if kind == "429"
+                     else Fault(500, "Internal Server Error", drop=kind == "drop") if kind != "502"
+                     else Fault(502, "Bad Gateway"))
+            self.storm_hits += 1
+            if fault.drop:
+                assert request.transport is not None
+                request.transport.close()
+                return web.Response(status=500)
+            return self._error(fault)
         queue = self.faults.get(method)
         if queue:
             fault = queue.pop(0)

@@ -1,0 +1,88 @@
+"""Fuzz: hypothesis-generated eve lines and Telegram updates, and a Telegram fault storm (R6)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from aiogram.types import Message, User
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import eve_client as eve
+from bridge.addressing import classify
+from tests.conftest import OWNER
+
+ME = User(id=123456, is_bot=True, first_name="Iva", username="iva_test_bot")
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=200), st.text(max_size=200)))
+def test_any_stream_line_parses_or_is_reported(line):
+    result = eve.parse_event(line, 5)
+    assert isinstance(result, eve.Event | eve.MalformedLine)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["turn.completed", "message.completed", "step.completed", "input.requested",
+                        "compaction.requested", "session.waiting", "new.thing"]),
+       json_values, json_values)
+def test_event_views_never_raise_on_odd_data(type_, data, meta_extra):
+    raw = {"type": type_, "data": data if isinstance(data, dict) else {"x": data},
+           "meta": {"id": "evt_1", "deliveryIds": meta_extra if isinstance(meta_extra, list) else []}}
+    event = eve.parse_event(json.dumps(raw), 0)
+    assert isinstance(event, eve.Event)
+    for name in ("message", "finish_reason", "usage", "requests", "usage_input_tokens", "request_ids", "turn_id"):
+        getattr(event, name, None)
+    assert event.terminal is (type_ == "turn.completed")
+
+
+entity = st.fixed_dictionaries({
+    "type": st.sampled_from(["mention", "bot_command", "text_mention", "bold", "url"]),
+    "offset": st.integers(min_value=0, max_value=60), "length": st.integers(min_value=1, max_value=30),
+})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=st.text(max_size=60), entities=st.lists(entity, max_size=4),
+       chat_type=st.sampled_from(["private", "group", "supergroup"]), thread=st.none() | st.integers(1, 99),
+       topic=st.booleans(), reply=st.booleans())
+def test_classify_never_raises(text, entities, chat_type, thread, topic, reply):
+    raw = {"message_id": 1, "date": 0, "chat": {"id": -5 if chat_type != "private" else 5, "type": chat_type},
+           "from": {"id": 5, "is_bot": False, "first_name": "A"}, "text": text, "entities": entities}
+    if thread is not None:
+        raw["message_thread_id"] = thread
+    if topic:
+        raw["is_topic_message"] = True
+    if reply:
+        raw["reply_to_message"] = {"message_id": thread or 2, "date": 0, "chat": raw["chat"],
+                                   "from": {"id": ME.id, "is_bot": True, "first_name": "Iva"}}
+    message = Message.model_validate(raw)
+    inbound = classify(message, ME)
+    assert inbound.address.thread_id != 1
+    assert (inbound.address.thread_id is not None) <= bool(topic)
+
+
+async def test_telegram_fault_storm_loses_nothing(tg, fake_eve, bridge):
+    """R6: 30% of sendMessage and getUpdates calls fail (5xx, 429, dropped): every reply arrives once, in order."""
+    tg.start_storm(0.3, {"sendMessage", "getUpdates"})
+    for n in range(12):
+        await tg.message(f"storm {n}", user_id=OWNER)
+        await asyncio.sleep(0.05)
+
+    def done():
+        got = " ".join(tg.texts())
+        return all(f"storm {n}" in got for n in range(12))
+
+    await tg.wait_for(done, 90, "all answered through the storm")
+    await asyncio.sleep(0.5)
+    assert tg.storm_hits > 3
+    words = " ".join(tg.texts()).replace("echo: ", "").split()
+    numbers = [int(w) for w in words if w.isdigit()]
+    assert numbers == list(range(12))  # each once, in order
