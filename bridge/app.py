@@ -113,6 +113,9 @@ class Bridge:
 
     async def run(self) -> None:
         s = self.settings
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop.set)
         async with contextlib.AsyncExitStack() as stack:
             state = await open_state(s.db_path)
             db, queue, store = state.db, state.queue, state.store
@@ -127,7 +130,10 @@ class Bridge:
             )
             await stack.enter_async_context(client)
 
-            me = await self._get_me(bot)
+            me = await self._until_stop(self._get_me(bot))
+            if me is None:
+                logger.info("bridge_stopped_before_ready")
+                return
             structlog.contextvars.clear_contextvars()
             logger.info("bridge_starting", bot=me.username, policy=s.turn_policy, state=str(s.db_path),
                         requeued=requeued)
@@ -148,9 +154,6 @@ class Bridge:
             except OSError as exc:
                 # A busy port must not keep the bridge from answering people.
                 logger.error("http_listen_failed", listen=s.api_listen, error=str(exc))
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.stop.set)
 
             if state.quarantined is not None:
                 # R5: the owners hear it from the bot itself, in their private chats.
@@ -174,6 +177,19 @@ class Bridge:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
         logger.info("bridge_stopped")
+
+    async def _until_stop(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run a start-up step unless SIGTERM comes first (then None)."""
+        step = asyncio.ensure_future(coro)
+        stop = asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if step.done():
+            return step.result()
+        step.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await step
+        return None
 
     async def _stop_watcher(self) -> None:
         await self.stop.wait()

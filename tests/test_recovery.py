@@ -270,3 +270,22 @@ async def test_real_eve_restarted_mid_turn(tg, real_eve, daemon_factory):
     await tg.wait_texts(3, timeout=40)
     assert tg.texts()[2] == "echo: new start"
     assert d.chat(A)["eve_session"] != first
+
+
+async def test_sigterm_while_telegram_is_unreachable_at_start_exits_cleanly(tg, fake_eve, daemon_factory):
+    """R7: a stop during start-up (Telegram down, getMe retrying) ends promptly with exit code 0."""
+    import os
+    import signal
+    import sys
+
+    from tests.conftest import ROOT
+
+    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_TELEGRAM_API_URL="http://127.0.0.1:9")
+    env = {**os.environ, **d.env}
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bridge", "run", cwd=ROOT, env=env,
+                                                stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    await asyncio.sleep(4)
+    assert proc.returncode is None  # still trying, not crashed
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), 10) == 0
