@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 from aiogram import Bot
 from aiogram.exceptions import (
+    ClientDecodeError,
     TelegramNetworkError,
     TelegramRetryAfter,
     TelegramServerError,
@@ -93,6 +94,15 @@ class Ingest:
             except TelegramRetryAfter as exc:
                 await asyncio.sleep(exc.retry_after)
                 continue
+            except ClientDecodeError as exc:
+                # One update aiogram cannot validate (a newer Bot API, a broken proxy) must not
+                # wedge every chat: take the batch apart and handle what can be handled.
+                updates = self._salvage(exc)
+                if updates is None:
+                    failures += 1
+                    logger.error("telegram_poll_undecodable", error=exc.message[:300])
+                    await asyncio.sleep(min(30.0, 0.5 * 1.6**failures))
+                    continue
             except (TelegramNetworkError, TelegramServerError) as exc:
                 failures += 1
                 wait = min(30.0, 0.5 * 1.6**failures) + random.uniform(0, 0.3)
@@ -103,9 +113,31 @@ class Ingest:
             self.last_poll_ok = time.time()
             self.heartbeat()
             for update in updates:
+                if isinstance(update, int):  # an update we could not decode, logged by _salvage
+                    self.offset = update + 1
+                    continue
                 await self.commit_update(update)
                 self.offset = update.update_id + 1
                 self.alive_at = time.monotonic()
+
+    def _salvage(self, exc: ClientDecodeError) -> list[Update | int] | None:
+        """The updates of a batch that failed validation, one by one; an undecodable one stays
+        as its bare update_id so the offset can pass it (it is logged, never silently)."""
+        data = exc.data
+        if not isinstance(data, dict) or not isinstance(data.get("result"), list):
+            return None
+        out: list[Update | int] = []
+        for raw in data["result"]:
+            update_id = raw.get("update_id") if isinstance(raw, dict) else None
+            if not isinstance(update_id, int):
+                continue
+            try:
+                out.append(Update.model_validate(raw, context={"bot": self.bot}))
+            except ValueError as error:
+                logger.error("telegram_update_undecodable", update_id=update_id, error=str(error)[:300])
+                METRICS.updates.labels(outcome="undecodable").inc()
+                out.append(update_id)
+        return out
 
     async def commit_update(self, update: Update) -> None:
         """Handle one update until it is durable; only then may the offset pass it."""

@@ -86,3 +86,48 @@ async def test_telegram_fault_storm_loses_nothing(tg, fake_eve, bridge):
     words = " ".join(tg.texts()).replace("echo: ", "").split()
     numbers = [int(w) for w in words if w.isdigit()]
     assert numbers == list(range(12))  # each once, in order
+
+
+def _odd_update(rng) -> dict:
+    """A random, sometimes malformed-but-valid Telegram update of the kinds a bot can receive."""
+    user = {"id": rng.choice([OWNER, 2, 666, 777]), "is_bot": rng.random() < 0.1, "first_name": "X"}
+    chat = rng.choice([{"id": user["id"], "type": "private"}, {"id": -100, "type": "supergroup", "title": "G"},
+                       {"id": -200, "type": "channel", "title": "C"}])
+    text = rng.choice(["", " ", "/", "/unknown@other_bot", "@iva_test_bot", "/compact@iva_test_bot extra",
+                       "привет 😀" * rng.randint(1, 3), "x" * rng.randint(0, 5000), "/new@iva_test_bot"])
+    message: dict = {"message_id": rng.randint(1, 10**6), "date": 0, "chat": chat}
+    if rng.random() < 0.9:
+        message["from"] = user
+    if rng.random() < 0.8:
+        message["text"] = text
+        if rng.random() < 0.5:
+            message["entities"] = [{"type": rng.choice(["bot_command", "mention", "bold", "text_mention"]),
+                                    "offset": rng.randint(0, 50), "length": rng.randint(1, 40),
+                                    **({"user": user} if rng.random() < 0.3 else {})}]
+    else:
+        message[rng.choice(["sticker", "location", "contact", "dice"])] = rng.choice([
+            {"file_id": "s", "file_unique_id": "s", "type": "regular", "width": 1, "height": 1, "is_animated": False,
+             "is_video": False},
+        ]) if rng.random() < 0.3 else None
+        message = {k: v for k, v in message.items() if v is not None}
+    if rng.random() < 0.2:
+        message["message_thread_id"] = rng.choice([1, 5, 99])
+        message["is_topic_message"] = rng.random() < 0.5
+    kind = rng.choice(["message", "message", "message", "edited_message", "channel_post", "callback_query"])
+    if kind == "callback_query":
+        return {"callback_query": {"id": str(rng.randint(1, 10**9)), "from": user, "chat_instance": "c",
+                                   "data": rng.choice(["in:1:0", "in:999:5", "garbage", "in:x:y", "in:1:99"])}}
+    return {kind: message}
+
+
+async def test_random_updates_never_crash_the_daemon(tg, fake_eve, bridge):
+    """Odd, unknown and hostile updates: no crash, nothing lost — a real message afterwards is answered."""
+    import random
+
+    rng = random.Random(4242)
+    await tg.add_updates([_odd_update(rng) for _ in range(60)])
+    await tg.wait_for(lambda: tg.confirmed > max(u["update_id"] for u in tg.updates), 30, "all confirmed")
+    assert bridge.proc.returncode is None
+    await tg.message("still alive?", user_id=OWNER)
+    await tg.wait_for(lambda: "echo: still alive?" in tg.texts(), 30, "the real message answered")
+    assert "ingest_update_failed" not in bridge.logs()
