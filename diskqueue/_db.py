@@ -113,33 +113,23 @@ class Database:
                 yield
 
     async def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int:
-        """Run one statement; returns the number of rows it changed."""
+        """Run one statement; returns the number of rows it changed (one trip to the thread)."""
         async with self._locked():
             cursor = await self.conn.execute(sql, params)
-            try:
-                return cursor.rowcount
-            finally:
-                await cursor.close()
+            return cursor.rowcount  # the cursor holds nothing more; closing it would cost a trip
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         async with self._locked():
             await self.conn.executemany(sql, rows)
 
     async def fetchall(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[sqlite3.Row]:
+        """Execute and fetch in one trip to the connection's thread."""
         async with self._locked():
-            cursor = await self.conn.execute(sql, params)
-            try:
-                return list(await cursor.fetchall())
-            finally:
-                await cursor.close()
+            return list(await self.conn.execute_fetchall(sql, params))
 
     async def fetchone(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Row | None:
-        async with self._locked():
-            cursor = await self.conn.execute(sql, params)
-            try:
-                return await cursor.fetchone()
-            finally:
-                await cursor.close()
+        rows = await self.fetchall(sql, params)
+        return rows[0] if rows else None
 
     async def executescript(self, script: str) -> None:
         async with self._locked():

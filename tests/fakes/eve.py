@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.client_exceptions import ClientConnectionResetError
 
 _MARKER = re.compile(r"\[\[(\w+)(?:=([^\]]*))?\]\]")
 
@@ -108,6 +109,8 @@ class FakeEve:
         self.summary_delay = 0.0
         self.summary_fail = False
         self.step_delay = 0.0
+        self.send_at: dict[str, float] = {}  # message text → monotonic time its send arrived (benchmarks)
+        self.completed_at: dict[str, float] = {}  # reply text → monotonic time message.completed was emitted
         self.hold_sends = False  # sends wait for release_sends; a caller gone by then is dropped
         self.release_sends = asyncio.Event()
         self.held = 0
@@ -176,6 +179,8 @@ class FakeEve:
         event = {"type": type_, "data": data,
                  "meta": {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ"), "id": f"evt_{next(self._ids):08d}",
                           "deliveryIds": list(deliveries)}}
+        if type_ == "message.completed":
+            self.completed_at.setdefault(data.get("message", ""), time.monotonic())
         async with self._changed:
             session.events.append(event)
             self._changed.notify_all()
@@ -207,7 +212,10 @@ class FakeEve:
     async def _send(self, request: web.Request) -> web.Response:
         if (denied := self._auth(request)) is not None:
             return denied
+        arrived = time.monotonic()
         body = await self._body(request) or {}
+        if isinstance(body.get("message"), str):
+            self.send_at.setdefault(body["message"], arrived)
         session = self._session(request)
         if session is None or not session.active:
             return web.json_response({"code": "session_not_active", "error": "The session is no longer active.",
@@ -272,6 +280,13 @@ class FakeEve:
             headers["x-eve-stream-tail-index"] = str(len(session.events) - 1)
         response = web.StreamResponse(headers=headers)
         await response.prepare(request)
+        try:
+            return await self._write_stream(request, response, session, start, follow)
+        except (ConnectionResetError, ClientConnectionResetError):
+            return response  # the reader went away (a consumer ends its busy period)
+
+    async def _write_stream(self, request: web.Request, response: web.StreamResponse, session: FakeSession,
+                            start: int, follow: bool) -> web.StreamResponse:
         cut = None
         if self.cut_streams > 0:
             self.cut_streams -= 1

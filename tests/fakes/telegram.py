@@ -47,6 +47,7 @@ class FakeTelegram:
         self.calls: list[Call] = []
         self.faults: dict[str, list[Fault]] = {}
         self.handed: list[int] = []  # update ids handed out by getUpdates, in order
+        self.handed_at: dict[int, float] = {}  # update id → monotonic time first handed out
         self._update_ids = itertools.count(1000)
         self._message_ids = itertools.count(1)
         self._changed = asyncio.Condition()
@@ -58,7 +59,10 @@ class FakeTelegram:
         self.storm: Any = None  # a random.Random when a fault storm is on
         self.storm_rate = 0.0
         self.storm_methods: set[str] = set()
-        self.storm_hits = 0  # file_id → bytes, served by getFile and /file/
+        self.storm_hits = 0
+        self.sent_count = 0
+        self.sent_texts: dict[str, float] = {}  # text → first time it was sent (benchmarks)
+        self._sent_event = asyncio.Event()  # file_id → bytes, served by getFile and /file/
         self.runner: web.AppRunner | None = None
         self.url = ""
 
@@ -216,6 +220,13 @@ class FakeTelegram:
             await asyncio.sleep(0.02)
         raise AssertionError(f"timed out waiting for {what}; sent={self.texts()!r}")
 
+    async def wait_sent(self, predicate: Any, timeout: float = 30.0) -> None:
+        """Wait, without polling, until ``predicate()`` holds; re-checked after every sendMessage."""
+        async with asyncio.timeout(timeout):
+            while not predicate():
+                self._sent_event.clear()
+                await self._sent_event.wait()
+
     async def wait_texts(self, count: int, chat_id: int | None = None, timeout: float = 15.0) -> list[str]:
         await self.wait_for(lambda: len(self.texts(chat_id)) >= count, timeout, f"{count} messages")
         return self.texts(chat_id)
@@ -278,6 +289,10 @@ class FakeTelegram:
         if isinstance(result, Fault):
             return self._error(result)
         params["_ok"] = True
+        if method == "sendMessage":
+            self.sent_count += 1
+            self.sent_texts.setdefault(params.get("text", ""), call.at)
+            self._sent_event.set()
         return web.json_response({"ok": True, "result": result})
 
     async def _file(self, request: web.Request) -> web.Response:
@@ -313,7 +328,10 @@ class FakeTelegram:
                     await asyncio.wait_for(self._changed.wait(), deadline - time.monotonic())
                 except TimeoutError:
                     pass
-        self.handed.extend(u["update_id"] for u in ready)
+        now = time.monotonic()
+        for u in ready:
+            self.handed.append(u["update_id"])
+            self.handed_at.setdefault(u["update_id"], now)
         return ready
 
     async def _m_sendMessage(self, params: dict[str, Any]) -> dict[str, Any] | Fault:

@@ -1,0 +1,145 @@
+"""Benchmarks 1 and 3: the bridge's added latency per turn, and the same at scale.
+
+1. ``python -m bench.latency`` — sequential turns on a few chats against an instant fake eve and
+   fake Bot API: (a) Bot API hands over the update → eve receives the send, (b) eve emits
+   message.completed → the Bot API receives sendMessage. Baseline in the same run: one fsync'd
+   SQLite WAL commit (synchronous=FULL) on the same disk.
+2. ``python -m bench.latency --scale 1000`` — that many chats write at once: peak RSS, CPU per turn,
+   p99 of (a)+(b), and fairness (each chat's wait vs the median).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+from bench.common import Daemon, FakeEve, FakeTelegram, dist_ms, fsync_commit_baseline, save, table, tmpdir
+
+
+async def measure(tg: FakeTelegram, eve: FakeEve) -> tuple[list[float], list[float]]:
+    """(a) and (b) for every answered message, matched by its text."""
+    handed_by_text: dict[str, float] = {}
+    for update in tg.updates:
+        text = (update.get("message") or {}).get("text")
+        if text and update["update_id"] in tg.handed_at:
+            handed_by_text[text] = tg.handed_at[update["update_id"]]
+    ingest = [eve.send_at[t] - handed_by_text[t] for t in handed_by_text if t in eve.send_at]
+    sends = tg.sent_texts
+    deliver = [sends[r] - at for r, at in eve.completed_at.items() if r in sends]
+    return ingest, deliver
+
+
+async def sequential(turns: int, chats: int) -> dict:
+    tg, eve = FakeTelegram(), FakeEve()
+    await tg.start()
+    await eve.start()
+    state = tmpdir()
+    daemon = Daemon(tg, eve, state, IVA_ALLOWED_USER_IDS=",".join(str(100 + c) for c in range(chats)))
+    await daemon.start()
+    try:
+        per_chat = turns // chats
+
+        async def chat(c: int) -> None:
+            user = 100 + c
+            for n in range(per_chat):
+                text = f"c{c} n{n}"
+                await tg.message(text, user_id=user)
+                await tg.wait_sent(lambda: f"echo: {text}" in tg.sent_texts, 30)
+
+        # warm-up turn per chat (session creation) excluded
+        for c in range(chats):
+            await tg.message(f"warm {c}", user_id=100 + c)
+        await tg.wait_sent(lambda: tg.sent_count >= chats, 60)
+        for c in range(chats):
+            eve.send_at.pop(f"warm {c}", None)
+            eve.completed_at.pop(f"echo: warm {c}", None)
+        cpu0 = daemon.cpu_seconds()
+        started = time.perf_counter()
+        await asyncio.gather(*(chat(c) for c in range(chats)))
+        wall = time.perf_counter() - started
+        cpu = daemon.cpu_seconds() - cpu0
+        ingest, deliver = await measure(tg, eve)
+        rss = daemon.rss_peak_kb()
+    finally:
+        await daemon.stop()
+        await tg.stop()
+        await eve.stop()
+    baseline = fsync_commit_baseline(state)
+    return {"turns": per_chat * chats, "chats": chats, "wall_s": round(wall, 2),
+            "cpu_ms_per_turn": round(cpu * 1000 / (per_chat * chats), 3), "rss_peak_mb": round(rss / 1024, 1),
+            "ingest_to_eve": dist_ms(ingest), "completed_to_telegram": dist_ms(deliver),
+            "fsync_commit_baseline": dist_ms(baseline)}
+
+
+async def scale(chats: int, rounds: int) -> dict:
+    tg, eve = FakeTelegram(), FakeEve()
+    await tg.start()
+    await eve.start()
+    state = tmpdir()
+    users = [100 + c for c in range(chats)]
+    daemon = Daemon(tg, eve, state, IVA_ALLOWED_USER_IDS=",".join(map(str, users)), IVA_MAX_TURNS="64")
+    await daemon.start()
+    waits: dict[int, list[float]] = {u: [] for u in users}
+    try:
+        cpu0 = daemon.cpu_seconds()
+        for r in range(rounds):
+            t0 = {}
+            for u in users:
+                await tg.message(f"u{u} r{r}", user_id=u)
+                t0[u] = time.monotonic()
+            await tg.wait_sent(lambda: tg.sent_count >= chats * (r + 1), 600)
+            sends = tg.sent_texts
+            for u in users:
+                waits[u].append(sends[f"echo: u{u} r{r}"] - t0[u])
+        cpu = daemon.cpu_seconds() - cpu0
+        rss = daemon.rss_peak_kb()
+        ingest, deliver = await measure(tg, eve)
+    finally:
+        await daemon.stop()
+        await tg.stop()
+        await eve.stop()
+    all_waits = [w for ws in waits.values() for w in ws]
+    median = statistics.median(all_waits)
+    worst = max(statistics.fmean(ws) for ws in waits.values())
+    added = [a + b for a, b in zip(sorted(ingest), sorted(deliver), strict=False)]
+    return {"chats": chats, "rounds": rounds, "turns": chats * rounds, "rss_peak_mb": round(rss / 1024, 1),
+            "cpu_ms_per_turn": round(cpu * 1000 / (chats * rounds), 3),
+            "ingest_to_eve": dist_ms(ingest), "completed_to_telegram": dist_ms(deliver),
+            "added_latency_sum_p99_ms": dist_ms(added)["p99"],
+            "wait_median_s": round(median, 3), "worst_chat_mean_wait_s": round(worst, 3),
+            "fairness_worst_over_median": round(worst / median, 2) if median else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--turns", type=int, default=2000)
+    parser.add_argument("--chats", type=int, default=4)
+    parser.add_argument("--scale", type=int, default=0, help="chats writing at once (benchmark 3)")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    if args.scale:
+        result = asyncio.run(scale(args.scale, args.rounds))
+        path = save("scale", result)
+        rows = [("metric", "value", "goal"),
+                ("peak RSS", f"{result['rss_peak_mb']} MB", "≤ 150 MB"),
+                ("CPU per turn", f"{result['cpu_ms_per_turn']} ms", ""),
+                ("p99 added latency (a+b)", f"{result['added_latency_sum_p99_ms']} ms", "≤ 50 ms"),
+                ("ingest→eve p99", f"{result['ingest_to_eve']['p99']} ms", ""),
+                ("completed→telegram p99", f"{result['completed_to_telegram']['p99']} ms", ""),
+                ("fairness worst/median", f"{result['fairness_worst_over_median']}", "≤ 2")]
+    else:
+        result = asyncio.run(sequential(args.turns, args.chats))
+        path = save("latency", result)
+        a, b, base = result["ingest_to_eve"], result["completed_to_telegram"], result["fsync_commit_baseline"]
+        rows = [("path", "p50 ms", "p99 ms", "max ms", "goal"),
+                ("update → eve send", str(a["p50"]), str(a["p99"]), str(a["max"]), "p50 ≤ 2, p99 ≤ 10"),
+                ("completed → sendMessage", str(b["p50"]), str(b["p99"]), str(b["max"]), "p50 ≤ 2, p99 ≤ 10"),
+                ("baseline: 1 fsync'd commit", str(base["p50"]), str(base["p99"]), str(base["max"]), "")]
+    print(table(rows))
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()
