@@ -131,7 +131,7 @@ def main() -> None:
                 ("fairness worst/median", f"{result['fairness_worst_over_median']}", "≤ 2")]
     else:
         result = asyncio.run(sequential(args.turns, args.chats))
-        path = save("latency", result)
+        path = save(f"latency-{args.chats}chats", result)
         a, b, base = result["ingest_to_eve"], result["completed_to_telegram"], result["fsync_commit_baseline"]
         rows = [("path", "p50 ms", "p99 ms", "max ms", "goal"),
                 ("update → eve send", str(a["p50"]), str(a["p99"]), str(a["max"]), "p50 ≤ 2, p99 ≤ 10"),

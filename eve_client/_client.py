@@ -42,6 +42,10 @@ ClientContext = str | Sequence[str] | Mapping[str, Any]
 
 DEFAULT_TIMEOUT = httpx.Timeout(15.0, connect=5.0)
 DEFAULT_STREAM_IDLE = 120.0
+# A followed stream holds its connection for a whole turn, so the pool must not cap them: the
+# caller bounds concurrency (the bridge's IVA_MAX_TURNS). httpx's default of 100 would make
+# the 101st busy chat wait for a connection and fail with PoolTimeout.
+DEFAULT_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=32)
 
 
 class _State(enum.Enum):
@@ -67,13 +71,14 @@ class EveClient:
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
         retry: RetryPolicy | None = None,
         stream_idle_timeout: float = DEFAULT_STREAM_IDLE,
+        limits: httpx.Limits = DEFAULT_LIMITS,
         on_malformed: Callable[[str, MalformedLine], None] | None = None,
     ) -> None:
         headers = {"accept": "application/json", "user-agent": "iva-eve-client/0.1"}
         if token:
             headers["authorization"] = f"Bearer {token}"
         self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport, limits=limits,
         )
         self._retry = retry or RetryPolicy()
         self._stream_idle = stream_idle_timeout

@@ -178,3 +178,25 @@ async def test_client_refuses_to_reopen():
         pass
     with pytest.raises(RuntimeError, match="closed"):
         await client.__aenter__()
+
+
+async def test_more_followed_streams_than_httpx_default_pool(fake_eve):
+    """Each busy chat holds a stream for its whole turn: 120 at once must not exhaust the pool
+    (httpx's default of 100 connections made the 101st fail with PoolTimeout)."""
+    import asyncio
+
+    async with eve.EveClient(fake_eve.url, token=fake_eve.token, retry=FAST) as client:
+        sids = [await client.create_session() for _ in range(120)]
+
+        async def follow(sid: str) -> str:
+            async for event in client.stream(sid, 0):
+                if isinstance(event, eve.SessionWaiting):
+                    return sid
+            return ""
+
+        readers = [asyncio.create_task(follow(sid)) for sid in sids]
+        await asyncio.sleep(0.3)  # every stream is open and waiting
+        for sid in sids:
+            await client.send(sid, "hi [[delay=0.2]]")
+        done = await asyncio.wait_for(asyncio.gather(*readers), 30)
+    assert sorted(done) == sorted(sids)
