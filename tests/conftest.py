@@ -234,7 +234,10 @@ class Backend:
             self.real.control(next_summary_delay=seconds)
 
 
-@pytest.fixture(params=["fake", "real"])
+REAL = pytest.mark.xdist_group("real_eve")  # every real-eve test on one worker: one eve, less load
+
+
+@pytest.fixture(params=["fake", pytest.param("real", marks=REAL)])
 async def backend(request) -> AsyncIterator[Backend]:
     if request.param == "fake":
         fake = FakeEve()

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.conftest import OWNER
+from tests.conftest import OWNER, REAL
 
 A = str(OWNER)
 
@@ -236,6 +236,7 @@ async def test_contract_notice_and_interrupt_on_both_eves(tg, backend, daemon_fa
     assert tg.texts()[3:] == ["echo: huge", "echo: now"]
 
 
+@REAL
 async def test_real_eve_parking_compaction_shrinks_the_next_turn(tg, real_eve, daemon_factory):
     """On the real eve: a 120 000-token turn is compacted at parking; the next measurement is far lower."""
     before = sum(1 for r in real_eve.llm_requests() if r.get("kind") == "compaction")

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import eve_client as eve
 
 FAST = eve.RetryPolicy(attempts=8, deadline=20, initial_wait=0.05, max_wait=0.5, jitter=0.05)
 
 
 async def _until_waiting(client: eve.EveClient, sid: str, start: int) -> list[eve.Event]:
-    seen = []
-    async for event in client.stream(sid, start):
-        seen.append(event)
-        if isinstance(event, eve.SessionWaiting):
-            return seen
+    seen: list[eve.Event] = []
+    try:
+        async with asyncio.timeout(60):
+            async for event in client.stream(sid, start):
+                seen.append(event)
+                if isinstance(event, eve.SessionWaiting):
+                    return seen
+    except TimeoutError:
+        raise AssertionError(f"no session.waiting from index {start}; saw {[e.type for e in seen]}") from None
     return seen
 
 

@@ -9,7 +9,7 @@ import shutil
 import sqlite3
 import urllib.request
 
-from tests.conftest import OWNER
+from tests.conftest import OWNER, REAL
 
 A = str(OWNER)
 
@@ -101,6 +101,13 @@ async def test_kill_after_the_send_before_it_was_recorded(tg, fake_eve, bridge):
     assert tg.texts() == ["echo: exactly once, almost"] * 2  # one duplicate, no more
     await tg.message("next", user_id=OWNER)
     await tg.wait_texts(3)
+
+    def recorded() -> bool:
+        with bridge.db() as conn:
+            row = conn.execute("SELECT state FROM outbox WHERE text = 'echo: next'").fetchone()
+        return row is not None and row[0] == "sent"
+
+    await tg.wait_for(recorded, 10, "the send recorded")
     await bridge.kill()  # after the commit: nothing is repeated
     await bridge.start()
     await asyncio.sleep(1.0)
@@ -252,6 +259,7 @@ async def test_stuck_eve_session_after_an_eve_restart_is_reset(tg, fake_eve, dae
     assert tg.texts()[2] == "echo: again" and len(fake_eve.sessions) == 2
 
 
+@REAL
 async def test_real_eve_restarted_mid_turn(tg, real_eve, daemon_factory):
     """PROTOCOL.md §9 on the real eve: killed mid-turn and restarted with its state, the session is stuck;
     the person is told to repeat and the next message is answered in a new session."""
