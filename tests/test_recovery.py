@@ -290,10 +290,12 @@ async def test_sigterm_while_telegram_is_unreachable_at_start_exits_cleanly(tg, 
 
     d = daemon_factory(fake_eve.url, fake_eve.token, IVA_TELEGRAM_API_URL="http://127.0.0.1:9")
     env = {**os.environ, **d.env}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bridge", "run", cwd=ROOT, env=env,
-                                                stdin=asyncio.subprocess.DEVNULL,
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-    await asyncio.sleep(4)
+    with open(d.log, "wb") as out:
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bridge", "run", cwd=ROOT, env=env,
+                                                    stdin=asyncio.subprocess.DEVNULL, stdout=out,
+                                                    stderr=asyncio.subprocess.STDOUT)
+    # Stopped while retrying getMe (imports done, signal handlers installed): not before.
+    await tg.wait_for(lambda: "telegram_unreachable_at_start" in d.logs(), 30, "the getMe retry loop")
     assert proc.returncode is None  # still trying, not crashed
     proc.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(proc.wait(), 10) == 0
