@@ -129,5 +129,7 @@ async def test_random_updates_never_crash_the_daemon(tg, fake_eve, bridge):
     await tg.wait_for(lambda: tg.confirmed > max(u["update_id"] for u in tg.updates), 30, "all confirmed")
     assert bridge.proc.returncode is None
     await tg.message("still alive?", user_id=OWNER)
-    await tg.wait_for(lambda: "echo: still alive?" in tg.texts(), 30, "the real message answered")
+    # It may share a turn with an odd message still waiting in the queue (batching).
+    await tg.wait_for(lambda: any(t.startswith("echo: ") and "still alive?" in t for t in tg.texts()), 30,
+                      "the real message answered")
     assert "ingest_update_failed" not in bridge.logs()

@@ -119,6 +119,7 @@ async def test_kill_during_auto_compaction_that_finishes(tg, fake_eve, bridge):
     fake_eve.summary_delay = 1.5
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
     await tg.wait_for(chat_is(bridge, status="busy", kind="compact"), 20, "compacting")
+    await tg.wait_for(lambda: fake_eve.routes("compact"), 10, "the compact request at eve")
     await bridge.kill()
     await tg.wait_for(lambda: any(s.compactions_done for s in fake_eve.sessions.values()), 10, "done in eve")
     await bridge.start()
