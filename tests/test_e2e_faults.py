@@ -57,6 +57,12 @@ async def test_long_reply_is_split(tg, fake_eve, bridge):
     long = " ".join(f"word{n}" for n in range(1500))  # ~10 000 characters
     await tg.message(f"tell me [[reply={long}]]", user_id=OWNER)
     await tg.wait_for(lambda: len(tg.texts()) >= 3, 15, "three parts")
+
+    def delivered() -> bool:
+        with bridge.db() as conn:
+            return conn.execute("SELECT count(*) FROM outbox WHERE state = 'pending'").fetchone()[0] == 0
+
+    await tg.wait_for(delivered, 15, "every part sent")
     parts = tg.texts()
     assert all(len(p) <= 4096 for p in parts)
     assert " ".join(parts).split() == long.split()
