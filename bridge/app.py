@@ -24,6 +24,7 @@ from .config import Settings
 from .http import Listener
 from .ingest import Ingest
 from .metrics import METRICS
+from .notebook import McpServer, Notebook, NotebookConfig, OwnerApi, PressureTexts, Rebuilder
 from .sender import Sender
 from .state import open_state
 from .store import Store
@@ -90,6 +91,7 @@ class Bridge:
                 BotCommand(command="new", description=t("cmd_new", lang)),
                 BotCommand(command="compact", description=t("cmd_compact", lang)),
                 BotCommand(command="status", description=t("cmd_status", lang)),
+                *([BotCommand(command="notes", description=t("cmd_notes", lang))] if self.settings.notes_enabled else []),
                 BotCommand(command="help", description=t("cmd_help", lang)),
             ]
             try:
@@ -138,16 +140,21 @@ class Bridge:
             logger.info("bridge_starting", bot=me.username, policy=s.turn_policy, state=str(s.db_path),
                         requeued=requeued)
             sender = Sender(bot, store)
+            notebook = Notebook(db, store, notebook_config(s))
+            rebuilder = Rebuilder(notebook, store, client)
             scheduler = Scheduler(settings=s, eve_client=client, queue=queue, store=store,
-                                  sender=sender, spawn=self.spawn)
+                                  sender=sender, spawn=self.spawn, notebook=notebook, rebuilder=rebuilder)
             stack.push_async_callback(scheduler.close)
 
             async def status_text(address: str, lang: str) -> str:
                 return await self.status_text(store, queue, scheduler, address, lang)
 
             ingest = Ingest(bot=bot, me=me, settings=s, queue=queue, store=store, sender=sender,
-                            scheduler=scheduler, status_text=status_text, spawn=self.spawn)
-            listener = Listener(s.api_listen, store=store, queue=queue, ingest=ingest)
+                            scheduler=scheduler, status_text=status_text, spawn=self.spawn, notebook=notebook)
+            routes = [OwnerApi(s.api_token, notebook, store).routes]
+            if notebook.enabled:
+                routes.append(McpServer(notebook, store).routes)  # N8: disabled means no tools at all
+            listener = Listener(s.api_listen, store=store, queue=queue, ingest=ingest, routes=routes)
             try:
                 await listener.start()
                 stack.push_async_callback(listener.stop)
@@ -225,6 +232,13 @@ class Bridge:
         parking = t("status_parking_off" if chat.compaction_disabled else "status_parking_on", lang)
         return t("status", lang, session=session, state=state, queued=queued, measure=measure,
                  threshold=threshold, parking=parking)
+
+
+def notebook_config(settings: Settings) -> NotebookConfig:
+    defaults = PressureTexts()
+    window, wrap, nudge = settings.notes_texts
+    texts = PressureTexts(window=window or defaults.window, wrap=wrap or defaults.wrap, nudge=nudge or defaults.nudge)
+    return NotebookConfig(enabled=settings.notes_enabled, connection=settings.notes_connection, texts=texts)
 
 
 async def run(settings: Settings) -> int:

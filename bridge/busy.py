@@ -76,6 +76,15 @@ class BusyPeriod:
             self.progress -= max(0.0, min(timeout - grace, time.time() - chat.progress_at))
         self.typing: Typing | None = None
         self.waiting_input = chat.waiting_input
+        self.usage = [0, 0, 0, 0]  # steps, input, output, cache read: spend not yet committed
+
+    async def _commit_spend(self) -> None:
+        """Inside a transaction that moves the cursor: the usage read up to it, exactly once."""
+        calls, tokens_in, tokens_out, cached = self.usage
+        if calls:
+            await self.s.store.add_spend(self.address, "turns", calls=calls, input_tokens=tokens_in,
+                                         output_tokens=tokens_out, cache_read_tokens=cached)
+            self.usage = [0, 0, 0, 0]
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -173,6 +182,7 @@ class BusyPeriod:
                 async with store.db.transaction():
                     await store.put_outgoing(self.address, event.id, chat.chat_id, chat.thread_id, event.message)
                     await store.update_chat(self.address, cursor=self.cursor, progress_at=time.time())
+                    await self._commit_spend()
                 if self.typing is not None and event.finish_reason == "stop":
                     await self.typing.stop()  # never after the final send (LESSONS #12)
                 await self.w.flush_outbox(chat)
@@ -183,8 +193,19 @@ class BusyPeriod:
                 usage = event.usage
                 if usage is not None and usage.input_tokens is not None:
                     self.measurement = usage.input_tokens
+                if usage is not None:
+                    self.usage[0] += 1
+                    self.usage[1] += usage.input_tokens or 0
+                    self.usage[2] += usage.output_tokens or 0
+                    self.usage[3] += usage.cache_read_tokens or 0
             case eve.CompactionRequested():
                 logger.info("eve_in_turn_compaction", estimate=event.usage_input_tokens)  # eve's, not ours
+            case eve.CompactionCompleted():
+                # eve's own compaction inside the turn is a compaction all the same: the notebook's
+                # post-compaction nudge (N6) counts it.
+                current = await store.chat(self.address)
+                assert current is not None
+                await store.update_chat(self.address, compactions=current.compactions + 1, cursor=self.cursor)
             case eve.InputRequested():
                 await self._show_prompts(event)
             case eve.TurnWaiting() if event.on == "input":
@@ -201,6 +222,7 @@ class BusyPeriod:
                 async with store.db.transaction():
                     await self.w.say(chat, f"failed:{event.id}", t("turn_failed", chat.lang, reason=event.code or "error"))
                     await store.update_chat(self.address, cursor=self.cursor, progress_at=time.time())
+                    await self._commit_spend()
                 await self.w.flush_outbox(chat)
         if (self.waiting_input and isinstance(event, eve.StepStarted | eve.InputResolved)) or event.terminal:
             if self.waiting_input:
@@ -236,6 +258,7 @@ class BusyPeriod:
                 _, inflight = await self.w.end_busy(keep_busy=True, **fields)
             else:
                 _, inflight = await self.w.end_busy(**fields)
+            await self._commit_spend()
             report = self.s.after_reports.pop(self.address, None) if decision.after is not None else None
             if report is not None:
                 lang, before = report
@@ -246,6 +269,9 @@ class BusyPeriod:
                     threshold=self.s.threshold(), compacting=compacting, **decision.updates)
         if report is not None:
             await self.w.flush_outbox(chat)
+        if chat.owner_turn and self.s.rebuilder is not None and self.s.rebuilder.wanted(self.address):
+            # N7: after the turn, beside the compaction, never in front of the reply (sent already).
+            self.s.spawn(self.s.rebuilder.maybe_run(self.address))
         if not compacting:
             return True
         # busy(turn) → busy(compacting, auto): auto compaction is silent (C11).
@@ -421,6 +447,9 @@ class BusyPeriod:
                 await self.s.queue.nack([m.id for m in answers], claim=chat.claim)
         if not messages:
             return False
+        if chat.owner_turn and not all(m.payload.get("owner") for m in messages):
+            # Someone else's words join the owner's turn: from here on it is not the owner's (N1).
+            await self.s.store.update_chat(self.address, owner_turn=0)
         try:
             delivery = await self.w.send(messages, policy="steer")
         except self.w.Lost as exc:

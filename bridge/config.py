@@ -56,6 +56,9 @@ class Settings:
     batch_size: int = DEFAULT_BATCH
     max_file_mb: int = DEFAULT_MAX_FILE_MB
     log_level: str = "info"
+    notes_enabled: bool = True
+    notes_connection: str = "notebook"
+    notes_texts: tuple[str | None, str | None, str | None] = (None, None, None)  # window, wrap, nudge
 
     @property
     def db_path(self) -> Path:
@@ -159,6 +162,21 @@ class Settings:
             problems.append(f"IVA_LOG_LEVEL={level!r} must be debug, info, warning or error")
             level = "info"
 
+        enabled_raw = (get("IVA_NOTES_ENABLED") or "1").lower()
+        if enabled_raw not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+            problems.append(f"IVA_NOTES_ENABLED={enabled_raw!r} must be 1 or 0 (true/false)")
+        notes_enabled = enabled_raw in ("1", "true", "yes", "on")
+        connection = get("IVA_NOTES_CONNECTION") or "notebook"
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", connection):
+            problems.append(f"IVA_NOTES_CONNECTION={connection!r} must be the eve connection's name (letters, digits, _ -)")
+        texts = (get("IVA_NOTES_TEXT_WINDOW"), get("IVA_NOTES_TEXT_WRAP"), get("IVA_NOTES_TEXT_NUDGE"))
+        for name, text in zip(("IVA_NOTES_TEXT_WINDOW", "IVA_NOTES_TEXT_WRAP", "IVA_NOTES_TEXT_NUDGE"), texts, strict=False):
+            if text is not None:
+                try:
+                    text.format(used=1, wall=2, left=1, wall_name="compaction")
+                except (KeyError, IndexError, ValueError) as exc:
+                    problems.append(f"{name}: only {{used}}, {{wall}}, {{left}} and {{wall_name}} may be used ({exc})")
+
         settings = dict(
             context_window=integer("IVA_CONTEXT_WINDOW", None, low=1000),
             compact_percent=integer("IVA_COMPACT_PERCENT", DEFAULT_COMPACT_PERCENT, low=1, high=100),
@@ -186,5 +204,8 @@ class Settings:
             api_listen=listen,
             api_token=get("IVA_API_TOKEN"),
             log_level=level,
+            notes_enabled=notes_enabled,
+            notes_connection=connection,
+            notes_texts=texts,
             **settings,  # type: ignore[arg-type]
         )

@@ -1,8 +1,11 @@
-"""The local HTTP listener (``IVA_API_LISTEN``): ``/healthz`` and ``/metrics`` (Prometheus text)."""
+"""The local HTTP listener (``IVA_API_LISTEN``): ``/healthz``, ``/metrics`` (Prometheus text), and
+whatever else registers its routes: the notebook's MCP server (``/mcp``) and the owner API
+(``/v1/...``)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -25,7 +28,8 @@ POLL_STALE_AFTER = 120.0
 
 
 class Listener:
-    def __init__(self, listen: str, *, store: Store, queue: DiskQueue, ingest: Ingest) -> None:
+    def __init__(self, listen: str, *, store: Store, queue: DiskQueue, ingest: Ingest,
+                 routes: Sequence[Callable[[web.Application], None]] = ()) -> None:
         host, _, port = listen.rpartition(":")
         self.host = host.strip("[]")
         self.port = int(port)
@@ -33,12 +37,15 @@ class Listener:
         self.queue = queue
         self.ingest = ingest
         self.started = time.time()
+        self.extra_routes = routes
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/metrics", self.metrics)
+        for install in self.extra_routes:
+            install(app)
         return app
 
     async def start(self) -> None:

@@ -9,6 +9,7 @@ Ingest does as little as possible: decide, commit, receipt, wake the chat.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import functools
 import json
 import random
@@ -34,6 +35,7 @@ from . import log
 from .addressing import Address, classify
 from .config import Settings
 from .metrics import METRICS
+from .notebook import Notebook
 from .sender import Sender
 from .store import Store
 from .texts import pick_lang, t
@@ -63,7 +65,9 @@ class Ingest:
         status_text: Callable[[str, str], Any],
         spawn: Callable[..., Any],
         heartbeat: Callable[[], None] = lambda: None,
+        notebook: Notebook | None = None,
     ) -> None:
+        self.notebook = notebook
         self.bot = bot
         self.me = me
         self.settings = settings
@@ -172,10 +176,13 @@ class Ingest:
         if update.my_chat_member is not None:
             member = update.my_chat_member
             if member.new_chat_member.status in ("kicked", "left"):
-                await self.store.db.execute(
-                    "UPDATE chats SET blocked = 1, blocked_reason = ? WHERE chat_id = ?",
-                    (member.new_chat_member.status, member.chat.id),
-                )
+                async with self.store.db.transaction():
+                    await self.store.db.execute(
+                        "UPDATE chats SET blocked = 1, blocked_reason = ? WHERE chat_id = ?",
+                        (member.new_chat_member.status, member.chat.id),
+                    )
+                    if self.notebook is not None and self.notebook.enabled:
+                        await self.notebook.delete_chat(member.chat.id)  # N8: the notes go with the chat
                 logger.info("bot_removed_from_chat", chat_id=member.chat.id)
             return "member"
         return "ignored"
@@ -230,6 +237,8 @@ class Ingest:
         key = f"tg:{message.chat.id}:{message.message_id}"
         if inbound.command == "compact":
             return await self.on_compact(message, address, lang, key)
+        if inbound.command == "notes":
+            return await self.on_notes(message, address, lang, key, inbound.command_args)
         if inbound.command in ("start", "help", "status", "new"):
             return await self.on_command(inbound.command, message, address, lang, key)
         attachment = self._attachment(message)
@@ -334,6 +343,60 @@ class Ingest:
         finally:
             if not captured:
                 scheduler.manual_marks.discard(addr)
+
+    async def on_notes(self, message: Message, address: Address, lang: str, key: str, args: str) -> str:
+        """N9 in Telegram: the owner lists the notebook with what changed since the last look, or
+        reads one note with its last change."""
+        addr = str(address)
+        if not await self.queue.remember(addr, {"kind": "command", "command": "notes"}, dedupe_key=key):
+            return "duplicate"
+        notebook = self.notebook
+        assert message.from_user is not None
+        if notebook is None or not notebook.enabled:
+            text = t("notes_off", lang)
+        elif message.from_user.id not in self.settings.owner_ids:
+            text = t("notes_owner_only", lang)
+        elif args:
+            text = await self._note_text(notebook, addr, args.split()[0].lower(), lang)
+        else:
+            text = await self._notebook_text(notebook, addr, lang)
+        # Plain text: a note is shown as written, and a diff's "-"/"+" lines are not list bullets.
+        self.spawn(self.sender.say(address.chat_id, address.thread_id, text, reply_to=message.message_id,
+                                   markdown=False))
+        return "command"
+
+    async def _notebook_text(self, notebook: Notebook, addr: str, lang: str) -> str:
+        notes = await notebook.notes(addr)
+        if not notes:
+            return t("notes_empty", lang)
+        seen = await notebook.seen_at(addr)
+        chat = await self.store.chat(addr)
+        new = [n for n in notes if seen is None or n.created_at > seen]
+        changed = [n for n in notes if n not in new and seen is not None and n.updated_at > seen]
+        lines = [t("notes_header", lang, n=len(notes), chars=sum(len(n.body) for n in notes),
+                   mode=chat.notes_mode if chat else "inline", new=len(new), changed=len(changed))]
+        for n in notes:
+            mark = "🆕" if n in new else "✏️" if n in changed else "•"
+            pin = " 📌" if n.pinned else ""
+            lines.append(f"{mark} {n.name}{pin} — {n.description}")
+        lines.append(t("notes_hint", lang))
+        await notebook.mark_seen(addr)  # a look: every client shares this server-side mark
+        return "\n".join(lines)
+
+    async def _note_text(self, notebook: Notebook, addr: str, name: str, lang: str) -> str:
+        note = await notebook.note(addr, name)
+        if note is None:
+            return t("notes_missing", lang, name=name)
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(note.updated_at))
+        pin = f" · {t('notes_pinned', lang)}" if note.pinned else ""
+        lines = [f"📝 {note.name} — {note.description}{pin} · {t('notes_updated', lang)} {when}", "", note.body, "",
+                 t("notes_changed", lang)]
+        if note.prev_body is None:
+            lines.append(t("notes_unchanged", lang))
+        else:
+            diff = [d for d in difflib.ndiff(note.prev_body.splitlines(), note.body.splitlines()) if d[:1] in "+-"]
+            lines.extend(diff[:60] or [t("notes_unchanged", lang)])
+        return "\n".join(lines)
 
     async def on_command(self, command: str, message: Message, address: Address, lang: str, key: str) -> str:
         addr = str(address)

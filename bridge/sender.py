@@ -145,10 +145,11 @@ class Sender:
         except Exception as exc:  # a receipt is never worth an error
             logger.info("telegram_reaction_failed", chat_id=chat_id, error=str(exc))
 
-    async def say(self, chat_id: int, thread_id: int | None, text: str, *, reply_to: int | None = None) -> None:
+    async def say(self, chat_id: int, thread_id: int | None, text: str, *, reply_to: int | None = None,
+                  markdown: bool = True) -> None:
         """An immediate, non-durable answer (help, status): one try with the same fallbacks."""
         try:
-            for chunk in render(text):
+            for chunk in render(text, markdown=markdown):
                 await self._send_chunk(chat_id, thread_id, chunk, reply_to)
                 reply_to = None
         except (ChatGone, TelegramBadRequest) as exc:

@@ -18,7 +18,7 @@ from diskqueue import Database
 
 __all__ = ["SCHEMA_VERSION", "Chat", "ChatStatus", "Outgoing", "Store"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -92,6 +92,52 @@ _MIGRATIONS: dict[int, str] = {
         UNIQUE (session, request_id)
     )
     """,
+    # The notebook (seed 000, N1-N9) and spend by label. The tables exist in every schema;
+    # with IVA_NOTES_ENABLED=0 nothing reads or writes the notebook's.
+    4: """
+    ALTER TABLE chats ADD COLUMN notes_mode TEXT NOT NULL DEFAULT 'inline';
+    ALTER TABLE chats ADD COLUMN notes_nudged_upto INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE chats ADD COLUMN wrap_nudged_upto INTEGER NOT NULL DEFAULT -1;
+    ALTER TABLE chats ADD COLUMN notes_version INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE chats ADD COLUMN notes_rebuild_failed INTEGER;
+    ALTER TABLE chats ADD COLUMN owner_turn INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX chats_session ON chats (eve_session);
+    CREATE TABLE notes (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        address     TEXT    NOT NULL,
+        name        TEXT    NOT NULL,
+        description TEXT    NOT NULL DEFAULT '',
+        body        TEXT    NOT NULL,
+        pinned      INTEGER NOT NULL DEFAULT 0,
+        prev_body   TEXT,
+        author      TEXT    NOT NULL DEFAULT 'model',
+        created_at  REAL    NOT NULL,
+        updated_at  REAL    NOT NULL,
+        UNIQUE (address, name)
+    );
+    CREATE TABLE notes_archive (
+        address     TEXT PRIMARY KEY,
+        records     TEXT NOT NULL,
+        reason      TEXT NOT NULL,
+        archived_at REAL NOT NULL
+    );
+    CREATE TABLE notes_seen (
+        address     TEXT NOT NULL,
+        viewer      TEXT NOT NULL,
+        seen_at     REAL NOT NULL,
+        PRIMARY KEY (address, viewer)
+    );
+    CREATE TABLE spend (
+        address       TEXT    NOT NULL,
+        label         TEXT    NOT NULL,
+        calls         INTEGER NOT NULL DEFAULT 0,
+        input_tokens  INTEGER NOT NULL DEFAULT 0,
+        output_tokens INTEGER NOT NULL DEFAULT 0,
+        cache_read_tokens INTEGER NOT NULL DEFAULT 0,
+        updated_at    REAL    NOT NULL,
+        PRIMARY KEY (address, label)
+    )
+    """,
 }
 
 
@@ -131,6 +177,12 @@ class Chat:
     compact_retry_at: float | None = None
     compactions: int = 0
     waiting_input: bool = False
+    notes_mode: str = "inline"
+    notes_nudged_upto: int = 0
+    wrap_nudged_upto: int = -1
+    notes_version: int = 0
+    notes_rebuild_failed: int | None = None
+    owner_turn: bool = False
 
     @property
     def busy(self) -> bool:
@@ -168,6 +220,12 @@ class Chat:
             compact_retry_at=row["compact_retry_at"],
             compactions=row["compactions"],
             waiting_input=bool(row["waiting_input"]),
+            notes_mode=row["notes_mode"],
+            notes_nudged_upto=row["notes_nudged_upto"],
+            wrap_nudged_upto=row["wrap_nudged_upto"],
+            notes_version=row["notes_version"],
+            notes_rebuild_failed=row["notes_rebuild_failed"],
+            owner_turn=bool(row["owner_turn"]),
         )
 
 
@@ -209,7 +267,8 @@ _CHAT_COLUMNS = frozenset(
         "reset_mark", "reset_requested", "reset_reply_to", "reset_dropped", "blocked",
         "blocked_reason", "turns", "chat_id", "thread_id", "compact_notified", "compact_before",
         "after_pending", "last_after", "compact_failures", "compact_retry_at", "compactions",
-        "waiting_input",
+        "waiting_input", "notes_mode", "notes_nudged_upto", "wrap_nudged_upto", "notes_version",
+        "notes_rebuild_failed", "owner_turn",
     }
 )
 
@@ -357,6 +416,32 @@ class Store:
             await self.db.execute(
                 "UPDATE prompts SET state = 'closed' WHERE session = ? AND request_id = ?", (session, request_id)
             )
+
+    # -- spend ------------------------------------------------------------------------------
+
+    async def add_spend(self, address: str, label: str, *, calls: int, input_tokens: int, output_tokens: int,
+                        cache_read_tokens: int) -> None:
+        """Model usage by label ("turns", "notes"), in the caller's transaction."""
+        if not calls:
+            return
+        await self.db.execute(
+            "INSERT INTO spend (address, label, calls, input_tokens, output_tokens, cache_read_tokens, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (address, label) DO UPDATE SET "
+            "calls = calls + excluded.calls, input_tokens = input_tokens + excluded.input_tokens, "
+            "output_tokens = output_tokens + excluded.output_tokens, "
+            "cache_read_tokens = cache_read_tokens + excluded.cache_read_tokens, updated_at = excluded.updated_at",
+            (address, label, calls, input_tokens, output_tokens, cache_read_tokens, time.time()),
+        )
+
+    async def spend(self, address: str) -> dict[str, dict[str, int | float]]:
+        rows = await self.db.fetchall("SELECT * FROM spend WHERE address = ? ORDER BY label", (address,))
+        return {r["label"]: {"calls": r["calls"], "input_tokens": r["input_tokens"],
+                             "output_tokens": r["output_tokens"], "cache_read_tokens": r["cache_read_tokens"],
+                             "updated_at": r["updated_at"]} for r in rows}
+
+    async def chat_by_session(self, session: str) -> Chat | None:
+        row = await self.db.fetchone("SELECT * FROM chats WHERE eve_session = ?", (session,))
+        return Chat.from_row(row) if row else None
 
     async def fail_outgoing_of_chat(self, chat_id: int) -> int:
         return await self.db.execute(

@@ -26,6 +26,7 @@ _TEXTS: dict[str, dict[Lang, str]] = {
             "/new — start a new conversation\n"
             "/compact — compact a long conversation now (I also do it by myself between answers)\n"
             "/status — the conversation's state\n"
+            "/notes — the notebook I keep for myself in this chat (owner only)\n"
             "/help — this text"
         ),
         "ru": (
@@ -34,6 +35,7 @@ _TEXTS: dict[str, dict[Lang, str]] = {
             "/new — начать новый разговор\n"
             "/compact — сжать длинный разговор сейчас (между ответами я делаю это и сам)\n"
             "/status — состояние разговора\n"
+            "/notes — блокнот, который я веду для себя в этом чате (только владельцу)\n"
             "/help — эта справка"
         ),
     },
@@ -80,6 +82,26 @@ _TEXTS: dict[str, dict[Lang, str]] = {
     "new_done": {
         "en": "New conversation started.",
         "ru": "Начат новый разговор.",
+    },
+    "cmd_notes": {"en": "The assistant's notebook for this chat", "ru": "Блокнот ассистента в этом чате"},
+    "notes_off": {"en": "The notebook is turned off on this bot.", "ru": "Блокнот на этом боте выключен."},
+    "notes_owner_only": {"en": "Only the bot's owner can look into the notebook.",
+                         "ru": "Заглянуть в блокнот может только владелец бота."},
+    "notes_empty": {"en": "📓 The notebook of this chat is empty.", "ru": "📓 Блокнот этого чата пуст."},
+    "notes_header": {
+        "en": "📓 Notebook: {n} note(s), {chars} characters ({mode} mode). Since your last look: {new} new, {changed} changed.",
+        "ru": "📓 Блокнот: заметок {n}, символов {chars} (режим {mode}). С прошлого взгляда: новых {new}, изменённых {changed}.",
+    },
+    "notes_hint": {"en": "/notes <name> shows a note with its last change.",
+                   "ru": "/notes <имя> покажет заметку и её последнее изменение."},
+    "notes_missing": {"en": "There is no note named “{name}”.", "ru": "Заметки «{name}» нет."},
+    "notes_changed": {"en": "Last change:", "ru": "Последнее изменение:"},
+    "notes_unchanged": {"en": "(no earlier version)", "ru": "(прежней версии нет)"},
+    "notes_pinned": {"en": "pinned", "ru": "закреплена"},
+    "notes_updated": {"en": "updated", "ru": "изменена"},
+    "new_notes_kept": {
+        "en": "The notebook kept its {n} note(s).",
+        "ru": "Блокнот сохранил заметки: {n}.",
     },
     "new_dropped": {
         "en": "New conversation started. {n} waiting message(s) were dropped.",

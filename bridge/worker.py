@@ -29,6 +29,7 @@ from . import log, parking
 from .busy import _GONE, POKE, BusyPeriod
 from .config import Settings
 from .metrics import METRICS
+from .notebook import Notebook, Rebuilder
 from .parking import Compacting
 from .sender import ChatGone, Sender
 from .store import Chat, ChatStatus, Store
@@ -41,7 +42,7 @@ logger = log.get("bridge.worker")
 MAX_EVE_BACKOFF = 30.0
 RESET_TIMEOUT = 10.0
 _IDLE: dict[str, object] = dict(
-    status=ChatStatus.IDLE, kind=None, origin=None, claim=None, deliveries=[], busy_since=None
+    status=ChatStatus.IDLE, kind=None, origin=None, claim=None, deliveries=[], busy_since=None, owner_turn=0
 )
 
 
@@ -63,8 +64,11 @@ class Scheduler:
     """Starts a worker per address on demand; bounds concurrent eve turns (T3)."""
 
     def __init__(self, *, settings: Settings, eve_client: eve.EveClient, queue: DiskQueue,
-                 store: Store, sender: Sender, spawn: Callable[[Coroutine[Any, Any, Any]], object]) -> None:
+                 store: Store, sender: Sender, spawn: Callable[[Coroutine[Any, Any, Any]], object],
+                 notebook: Notebook | None = None, rebuilder: Rebuilder | None = None) -> None:
         self.settings = settings
+        self.notebook = notebook if notebook is not None and notebook.enabled else None
+        self.rebuilder = rebuilder if self.notebook is not None else None
         self.spawn = spawn
         self.eve = eve_client
         self.queue = queue
@@ -298,11 +302,24 @@ class ChatWorker:
                     messages = [m for m in messages if m.payload.get("kind") != "input"]
                     if not messages:
                         return True
+                owner = bool(messages[0].payload.get("owner"))
+                notes: dict[str, object] = {"owner_turn": int(owner)}
+                notebook = self.s.notebook
+                if notebook is not None:
+                    # N1: the notebook rides only in the owner's turns, so a turn is one kind or the
+                    # other: the first message that differs waits for the next turn.
+                    cut = next((i for i, m in enumerate(messages) if bool(m.payload.get("owner")) != owner),
+                               len(messages))
+                    if cut < len(messages):
+                        await queue.nack([m.id for m in messages[cut:]], claim=claim)
+                        messages = messages[:cut]
+                    if owner:
+                        notes["notes_mode"] = await notebook.mode_at_entry(current)  # N2: fixed for the turn
                 now = time.time()
                 await store.update_chat(
                     self.address, status=ChatStatus.BUSY, kind="turn", origin=None, claim=claim,
                     deliveries=[], busy_since=now, progress_at=now,
-                    eve_session=session, cursor=current.cursor if session else 0, reset_mark=0,
+                    eve_session=session, cursor=current.cursor if session else 0, reset_mark=0, **notes,
                     **({} if session else dict(compaction_disabled=0, after_pending=0, compact_failures=0,
                                                compact_retry_at=None)),
                 )
@@ -325,8 +342,10 @@ class ChatWorker:
         """Deliver to eve; a session eve no longer knows is replaced once, transparently."""
         for attempt in (1, 2):
             session = await self._ensure_session()
+            context, marks = await self._state_block(policy)
             try:
-                delivery = await self.s.eve.send(session, await self._compose(messages), turn_policy=policy)
+                delivery = await self.s.eve.send(session, await self._compose(messages), turn_policy=policy,
+                                                 client_context=context)
             except _GONE as exc:
                 if attempt == 2 or policy == "steer":
                     raise Lost(str(exc)) from exc
@@ -337,9 +356,20 @@ class ChatWorker:
             chat = await self.s.store.chat(self.address)
             assert chat is not None
             known = [*chat.deliveries, delivery.delivery_id] if delivery.delivery_id else list(chat.deliveries)
-            await self.s.store.update_chat(self.address, deliveries=known, progress_at=time.time())
+            # The one-shot marks (N6) once the block is with eve: a crash before this shows it again.
+            await self.s.store.update_chat(self.address, deliveries=known, progress_at=time.time(), **marks)
             return delivery
         raise AssertionError("unreachable")
+
+    async def _state_block(self, policy: eve.TurnPolicy) -> tuple[str | None, dict[str, int]]:
+        """N6: the ``[state]`` block as clientContext of an owner's turn; nothing for anyone else."""
+        notebook = self.s.notebook
+        if notebook is None or policy == "steer":
+            return None, {}
+        chat = await self.s.store.chat(self.address)
+        if chat is None or not chat.owner_turn:
+            return None, {}
+        return await notebook.block(chat, threshold=self.s.threshold(), window=self.s.window)
 
     async def _drive(self, messages: Sequence[Message]) -> None:
         """Send the claimed messages and follow the turn to its end."""
@@ -491,6 +521,8 @@ class ChatWorker:
             )
             dropped = current.reset_dropped
             text = t("new_dropped", current.lang, n=dropped) if dropped else t("new_done", current.lang)
+            if self.s.notebook is not None and (kept := await self.s.notebook.count(self.address)):
+                text += " " + t("new_notes_kept", current.lang, n=kept)  # N8: the notebook outlives /new
             await self.say(current, f"new:{current.reset_reply_to}", text, reply_to=current.reset_reply_to)
         self.s.manual.pop(self.address, None)
         self.s.manual_marks.discard(self.address)

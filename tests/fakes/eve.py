@@ -10,6 +10,13 @@ real eve alike: ``[[tokens=N]]``, ``[[delay=S]]``, ``[[fail=CODE]]``, ``[[reply=
 - ``stuck``: sessions accept messages and never run them (eve restarted mid-turn, §9);
 - ``server_errors``: the next N requests of any route answer 500;
 - ``compact_ack_delay`` / ``summary_delay`` / ``summary_fail``: compaction behaviour (§5).
+
+Like real eve with an MCP connection (§11), ``[[mcp=TOOL {json}]]`` makes the "model" call a tool
+of the MCP server at ``mcp_url``: a fresh ``tools/list`` with the session header, then
+``tools/call`` with ``eve_session_id`` provided; a tool not listed is never called (the model
+gets eve's "no tool named" error). Results land in ``mcp_results``. ``reply_for(text)`` may
+script the reply to a message (the notebook rebuild's throwaway session). ``clientContext``
+counts in the estimated input tokens, as on eve (§12).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from aiohttp import web
 from aiohttp.client_exceptions import ClientConnectionResetError
 
 _MARKER = re.compile(r"\[\[(\w+)(?:=([^\]]*))?\]\]")
+_MCP = re.compile(r"\[\[mcp=(\w+) (\{[^\]]*\})\]\]")
 
 
 def _markers(text: str) -> tuple[str, dict[str, str]]:
@@ -67,6 +75,7 @@ class _Input:
     text: str = ""
     delivery: str = ""
     policy: str = "steer"
+    context_chars: int = 0
 
 
 @dataclass
@@ -115,6 +124,11 @@ class FakeEve:
         self.release_sends = asyncio.Event()
         self.held = 0
         self.sends_while_running = 0  # queue-policy sends that reached a running turn
+        self.mcp_url: str | None = None
+        self.mcp_connection = "notebook"
+        self.mcp_results: list[dict[str, Any]] = []
+        self.reply_for: Any = None  # text -> reply text or None
+        self.creates: list[tuple[float, str]] = []  # (monotonic time, message) of sessions created with one
         self._changed = asyncio.Condition()
         self._ids = itertools.count(1)
         self.runner: web.AppRunner | None = None
@@ -204,6 +218,7 @@ class FakeEve:
         self.sessions[session.id] = session
         session.task = asyncio.create_task(self._run(session))
         if body and "message" in body:
+            self.creates.append((time.monotonic(), _flatten(body["message"])))
             delivery = str(uuid.uuid4())
             session.inputs.put_nowait(_Input("message", body["message"], delivery))
         return web.json_response({"ok": True, "sessionId": session.id, "status": "accepted"}, status=202,
@@ -249,6 +264,8 @@ class FakeEve:
         if session.running and policy == "queue":
             self.sends_while_running += 1
         item = _Input("message", _flatten(body.get("message", "")), delivery, policy)
+        context = body.get("clientContext")
+        item.context_chars = sum(len(c) + 16 for c in ([context] if isinstance(context, str) else context or []))
         session.parts[delivery] = _parts(body.get("message", ""))
         if self.stuck:
             pass  # accepted, never run (PROTOCOL.md §9)
@@ -491,7 +508,14 @@ class FakeEve:
                                                         "details": {"message": "AI_RetryError: Failed after 3 attempts"},
                                                         **turn}, deliveries)
                     return
-                tokens = int(marks["tokens"]) if marks.get("tokens") else math.ceil((s.history_chars + 400) / 4)
+                tokens = (int(marks["tokens"]) if marks.get("tokens")
+                          else math.ceil((s.history_chars + 400 + item.context_chars) / 4))
+                if step == 0 and self.mcp_url and _MCP.search(texts[-1]):
+                    for call_no, (tool, raw_args) in enumerate(_MCP.findall(texts[-1])):
+                        await self._mcp_step(s, tool, json.loads(raw_args), step, turn, deliveries, tokens)
+                        step += 1
+                    texts[-1] = _MCP.sub("", texts[-1])
+                    clean, marks = _markers(texts[-1])
                 if "tool" in marks and step == 0:
                     call = f"call_fake_{seq}_{step}"
                     await self._emit(s, "actions.requested", {"actions": [{"callId": call, "input": {},
@@ -507,7 +531,8 @@ class FakeEve:
                     step += 1
                     continue
                 # Like the fake LLM: echo the latest user message, markers stripped.
-                reply = marks.get("reply") or "echo: " + clean
+                scripted = self.reply_for(texts[-1]) if self.reply_for is not None else None
+                reply = marks.get("reply") or scripted or "echo: " + clean
                 s.output_started = True
                 await self._emit(s, "message.appended", {"messageDelta": reply, "stepIndex": step, **turn}, deliveries)
                 await self._emit(s, "message.completed", {"finishReason": "stop", "message": reply, "stepIndex": step,
@@ -529,6 +554,48 @@ class FakeEve:
                 s.inputs.put_nowait(s.steer.get_nowait())
             if s.active:
                 await self._waiting(s, deliveries)
+
+    async def _mcp_step(self, s: FakeSession, tool: str, args: dict[str, Any], step: int, turn: dict[str, Any],
+                        deliveries: list[str], tokens: int) -> None:
+        """One model step that calls an MCP tool the way eve does (PROTOCOL.md §11)."""
+        import aiohttp
+
+        headers = {"x-eve-session-id": s.id, "accept": "application/json, text/event-stream"}
+        record: dict[str, Any] = {"session": s.id, "tool": tool, "args": args}
+        assert self.mcp_url is not None
+        try:
+            async with aiohttp.ClientSession(headers=headers) as http:
+                async def rpc(method: str, params: dict[str, Any]) -> dict[str, Any]:
+                    async with http.post(self.mcp_url, json={"jsonrpc": "2.0", "id": 1, "method": method,
+                                                             "params": params}) as response:
+                        return await response.json()
+
+                listed = (await rpc("tools/list", {})).get("result", {}).get("tools", [])
+                record["listed"] = [t["name"] for t in listed]
+                if tool not in record["listed"]:
+                    record["error"] = f'Connection "{self.mcp_connection}" has no tool named "{tool}".'
+                else:
+                    call = f"call_mcp_{turn['sequence']}_{step}"
+                    name = f"{self.mcp_connection}__{tool}"
+                    await self._emit(s, "actions.requested", {"actions": [{"callId": call, "input": args,
+                                                                           "kind": "tool-call", "toolName": name}],
+                                                              "stepIndex": step, **turn}, deliveries)
+                    answer = await rpc("tools/call", {"name": tool, "arguments": {**args, "eve_session_id": s.id}})
+                    result = answer.get("result") or {}
+                    text = "".join(c.get("text", "") for c in result.get("content", []))
+                    record.update(is_error=bool(result.get("isError")) or "error" in answer, output=text,
+                                  rpc_error=answer.get("error"))
+                    await self._emit(s, "action.result", {"result": {"callId": call, "kind": "tool-result",
+                                                                     "output": text, "toolName": name},
+                                                          "status": "failed" if record["is_error"] else "completed",
+                                                          "stepIndex": step, **turn}, deliveries)
+        except (aiohttp.ClientError, OSError) as exc:
+            record["error"] = f'Failed to load tools for "{self.mcp_connection}": {exc}'
+        self.mcp_results.append(record)
+        await self._emit(s, "step.completed", {"finishReason": "tool-calls", "stepIndex": step, **turn,
+                                               "usage": {"inputTokens": tokens, "outputTokens": 5,
+                                                         "cacheReadTokens": 0}}, deliveries)
+        s.usage_in += tokens
 
     async def _compaction(self, s: FakeSession) -> None:
         s.running = True

@@ -1,0 +1,147 @@
+"""The owner HTTP API (N9) on ``IVA_API_LISTEN``, behind ``Authorization: Bearer $IVA_API_TOKEN``.
+
+``{chat}`` is the Telegram chat id, or ``<chat id>:<topic id>`` for a forum topic. Errors are
+JSON: ``{"error": "<what is wrong and what to do>", "code": "<short code>"}``.
+
+    GET    /v1/chats/{chat}/notes               the notebook: bodies, prev_body, what is new
+    PUT    /v1/chats/{chat}/notes/{name}        {"body", "description"?, "pinned"?}: the owner writes
+    DELETE /v1/chats/{chat}/notes/{name}
+    POST   /v1/chats/{chat}/notes/restore       the archived notebook back (the current one is archived)
+    POST   /v1/chats/{chat}/notes/seen          the server-side seen mark ({"viewer"?})
+    GET    /v1/chats/{chat}/spend               model usage by label (turns, notes)
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from .. import log
+from ..addressing import Address
+from ..store import Store
+from .rules import NoteError, totals
+from .service import DEFAULT_VIEWER, Notebook
+
+__all__ = ["OwnerApi"]
+
+logger = log.get("bridge.api")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _fail(status: int, code: str, message: str, **headers: str) -> web.Response:
+    return web.json_response({"error": message, "code": code}, status=status, headers=headers or None)
+
+
+class OwnerApi:
+    def __init__(self, token: str | None, notebook: Notebook, store: Store) -> None:
+        self.token = token
+        self.notebook = notebook
+        self.store = store
+
+    def routes(self, app: web.Application) -> None:
+        r = app.router
+        r.add_get("/v1/chats/{chat}/notes", self._guard(self.list_notes))
+        r.add_post("/v1/chats/{chat}/notes/restore", self._guard(self.restore))
+        r.add_post("/v1/chats/{chat}/notes/seen", self._guard(self.seen))
+        r.add_put("/v1/chats/{chat}/notes/{name}", self._guard(self.put_note))
+        r.add_delete("/v1/chats/{chat}/notes/{name}", self._guard(self.delete_note))
+        r.add_get("/v1/chats/{chat}/spend", self._guard(self.spend, notes=False))
+
+    def _guard(self, handler: Handler, *, notes: bool = True) -> Handler:
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            if not self.token:
+                return _fail(403, "api_off", "The owner API is off: set IVA_API_TOKEN to turn it on.")
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+                return _fail(401, "unauthorized", "Send Authorization: Bearer <IVA_API_TOKEN>.",
+                             **{"www-authenticate": 'Bearer realm="iva"'})
+            if notes and not self.notebook.enabled:
+                return _fail(404, "notes_off", "The notebook is off (IVA_NOTES_ENABLED=0).")
+            try:
+                address = str(self._address(request.match_info["chat"]))
+            except ValueError:
+                return _fail(400, "bad_chat", "A chat is its Telegram id, or <chat id>:<topic id> for a topic.")
+            if await self.store.chat(address) is None:
+                return _fail(404, "no_chat", f"Iva has no chat {request.match_info['chat']}.")
+            request["address"] = address
+            try:
+                return await handler(request)
+            except NoteError as exc:
+                return _fail(422, "rejected", str(exc))
+        return guarded
+
+    @staticmethod
+    def _address(raw: str) -> Address:
+        chat, _, topic = raw.partition(":")
+        return Address(int(chat), int(topic) if topic else None)
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        if not request.can_read_body:
+            return {}
+        try:
+            data = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise web.HTTPBadRequest(text=json.dumps({"error": f"The body is not JSON: {exc}", "code": "bad_json"}),
+                                     content_type="application/json") from exc
+        if not isinstance(data, dict):
+            raise web.HTTPBadRequest(text=json.dumps({"error": "The body must be a JSON object.", "code": "bad_json"}),
+                                     content_type="application/json")
+        return data
+
+    async def list_notes(self, request: web.Request) -> web.Response:
+        address = request["address"]
+        viewer = request.query.get("viewer", DEFAULT_VIEWER)
+        notes = await self.notebook.notes(address)
+        seen = await self.notebook.seen_at(address, viewer)
+        chat = await self.store.chat(address)
+        chars, count = totals(notes)
+        archived = await self.notebook.archive(address)
+        return web.json_response({
+            "chat": request.match_info["chat"],
+            "mode": chat.notes_mode if chat else "inline",
+            "chars": chars,
+            "count": count,
+            "seen_at": seen,
+            "archive": None if archived is None else {"notes": len(archived[0]), "archived_at": archived[1],
+                                                      "reason": archived[2]},
+            "notes": [{**n.as_record(), "new": seen is None or n.updated_at > seen} for n in notes],
+        })
+
+    async def put_note(self, request: web.Request) -> web.Response:
+        data = await self._body(request)
+        body, description, pinned = data.get("body"), data.get("description"), data.get("pinned")
+        if not isinstance(body, str):
+            return _fail(400, "bad_note", 'Send {"body": "<text>", "description": "<one line>", "pinned": false}.')
+        if (description is not None and not isinstance(description, str)) or (pinned is not None and not isinstance(pinned, bool)):
+            return _fail(400, "bad_note", "description is text and pinned is true or false.")
+        note, created = await self.notebook.save(request["address"], request.match_info["name"], body,
+                                                 description=description, pinned=pinned, author="owner")
+        return web.json_response(note.as_record(), status=201 if created else 200)
+
+    async def delete_note(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if not await self.notebook.delete(request["address"], name):
+            return _fail(404, "no_note", f"There is no note named {name!r}.")
+        return web.json_response({"deleted": name})
+
+    async def restore(self, request: web.Request) -> web.Response:
+        restored = await self.notebook.restore(request["address"])
+        if restored is None:
+            return _fail(404, "no_archive", "There is no archived notebook for this chat yet.")
+        return web.json_response({"restored": restored})
+
+    async def seen(self, request: web.Request) -> web.Response:
+        data = await self._body(request)
+        viewer = data.get("viewer", DEFAULT_VIEWER)
+        if not isinstance(viewer, str) or not viewer:
+            return _fail(400, "bad_viewer", "viewer is a non-empty name.")
+        return web.json_response({"seen_at": await self.notebook.mark_seen(request["address"], viewer)})
+
+    async def spend(self, request: web.Request) -> web.Response:
+        return web.json_response({"chat": request.match_info["chat"],
+                                  "spend": await self.store.spend(request["address"])})

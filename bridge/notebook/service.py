@@ -1,0 +1,270 @@
+"""The notebook's storage and operations, on the bridge's own SQLite state (N1–N9).
+
+Every write is one transaction that also bumps ``chats.notes_version``, so a rebuild can tell
+whether the notebook changed under it. Everything that may refuse raises :class:`NoteError`
+with a message that says what to do instead.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from diskqueue import Database
+
+from .. import log
+from ..store import Chat, Store
+from .rules import (
+    INDEX,
+    LIMITS,
+    Limits,
+    Mode,
+    Note,
+    NoteError,
+    PressureTexts,
+    Window,
+    check_note,
+    check_pins,
+    mode_for,
+    state_block,
+    window_line,
+)
+
+__all__ = ["DEFAULT_VIEWER", "Notebook", "NotebookConfig"]
+
+logger = log.get("bridge.notebook")
+
+DEFAULT_VIEWER = "owner"  # one server-side seen mark that Telegram and every API client share
+
+
+@dataclass(frozen=True, slots=True)
+class NotebookConfig:
+    enabled: bool = True
+    connection: str = "notebook"  # the eve connection's name: tools reach the model as <connection>__<tool>
+    texts: PressureTexts = field(default_factory=PressureTexts)
+    limits: Limits = LIMITS
+
+    @property
+    def tool_prefix(self) -> str:
+        return f"{self.connection}__"
+
+
+def _note(row: sqlite3.Row) -> Note:
+    return Note(name=row["name"], description=row["description"], body=row["body"], pinned=bool(row["pinned"]),
+                created_at=row["created_at"], updated_at=row["updated_at"], prev_body=row["prev_body"], id=row["id"])
+
+
+class Notebook:
+    def __init__(self, db: Database, store: Store, config: NotebookConfig) -> None:
+        self.db = db
+        self.store = store
+        self.config = config
+        self.limits = config.limits
+        # N5: the notes read in the current turn of each chat, keyed by the turn's claim. In memory on
+        # purpose: after a restart the model simply reads again.
+        self._reads: dict[str, tuple[str | None, set[str]]] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.enabled
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def notes(self, address: str) -> list[Note]:
+        rows = await self.db.fetchall("SELECT * FROM notes WHERE address = ? ORDER BY created_at, id", (address,))
+        return [_note(r) for r in rows]
+
+    async def note(self, address: str, name: str) -> Note | None:
+        row = await self.db.fetchone("SELECT * FROM notes WHERE address = ? AND name = ?", (address, name))
+        return _note(row) if row else None
+
+    async def count(self, address: str) -> int:
+        row = await self.db.fetchone("SELECT count(*) FROM notes WHERE address = ?", (address,))
+        return int(row[0]) if row else 0
+
+    # -- N5 bookkeeping ---------------------------------------------------------------------
+
+    def mark_read(self, chat: Chat, name: str) -> None:
+        claim, names = self._reads.get(chat.address, (None, set()))
+        if claim != chat.claim:
+            names = set()
+        names.add(name)
+        self._reads[chat.address] = (chat.claim, names)
+
+    def was_read(self, chat: Chat, name: str) -> bool:
+        claim, names = self._reads.get(chat.address, (None, set()))
+        return claim == chat.claim and name in names
+
+    # -- writing ----------------------------------------------------------------------------
+
+    async def _bump(self, address: str) -> None:
+        await self.db.execute("UPDATE chats SET notes_version = notes_version + 1 WHERE address = ?", (address,))
+
+    async def save(self, address: str, name: str, body: str, *, description: str | None = None,
+                   pinned: bool | None = None, author: str = "model", guard: Chat | None = None) -> tuple[Note, bool]:
+        """Create or overwrite a note; returns (the note, created). ``guard`` is the chat of a
+        model's turn: in index mode it must have read a note in this turn before overwriting it."""
+        async with self.db.transaction():
+            current = await self.note(address, name)
+            description = (description if description is not None else (current.description if current else "")).strip()
+            check_note(name, description, body, self.limits)
+            if current is None and not description:
+                raise NoteError("A new note needs a description: one short line saying what it is about.")
+            if current is not None and guard is not None and guard.notes_mode == INDEX \
+                    and not self.was_read(guard, name):
+                raise NoteError(f"A note named '{name}' exists and its body is not shown in index mode. Call "
+                                f"{self.config.tool_prefix}chat_note_read first, then save the whole new body.")
+            notes = await self.notes(address)
+            if current is None and len(notes) >= self.limits.max_notes:
+                raise NoteError(f"The notebook holds {len(notes)} notes, the most it can. Merge or delete notes "
+                                "you no longer need, then save again.")
+            pin = current.pinned if pinned is None and current is not None else bool(pinned)
+            candidate = Note(name=name, description=description, body=body, pinned=pin)
+            check_pins(notes, candidate, self.limits)
+            now = time.time()
+            if current is None:
+                await self.db.execute(
+                    "INSERT INTO notes (address, name, description, body, pinned, prev_body, author, created_at, "
+                    "updated_at) VALUES (?, ?, ?, ?, ?, NULL, ?, ?, ?)",
+                    (address, name, description, body, int(pin), author, now, now),
+                )
+            else:
+                await self.db.execute(
+                    "UPDATE notes SET description = ?, body = ?, pinned = ?, author = ?, updated_at = ?, "
+                    "prev_body = CASE WHEN body != ? THEN body ELSE prev_body END WHERE address = ? AND name = ?",
+                    (description, body, int(pin), author, now, body, address, name),
+                )
+            await self._bump(address)
+            saved = await self.note(address, name)
+        assert saved is not None
+        if guard is not None:
+            self.mark_read(guard, name)  # it knows what it just wrote
+        logger.info("note_saved", address=address, note=name, chars=len(body), created=current is None,
+                    author=author, pinned=pin)
+        return saved, current is None
+
+    async def set_pinned(self, address: str, name: str, pinned: bool) -> Note:
+        async with self.db.transaction():
+            current = await self.note(address, name)
+            if current is None:
+                raise NoteError(f"There is no note named '{name}'.")
+            if current.pinned != pinned:
+                check_pins(await self.notes(address), Note(name, current.description, current.body, pinned=pinned),
+                           self.limits)
+                await self.db.execute("UPDATE notes SET pinned = ?, updated_at = ? WHERE address = ? AND name = ?",
+                                      (int(pinned), time.time(), address, name))
+                await self._bump(address)
+            note = await self.note(address, name)
+        assert note is not None
+        return note
+
+    async def delete(self, address: str, name: str) -> bool:
+        async with self.db.transaction():
+            gone = await self.db.execute("DELETE FROM notes WHERE address = ? AND name = ?", (address, name))
+            if gone:
+                await self._bump(address)
+        if gone:
+            logger.info("note_deleted", address=address, note=name)
+        return bool(gone)
+
+    async def delete_chat(self, chat_id: int) -> int:
+        """N8: the chat is gone (the bot was removed or blocked): its notes go with it."""
+        async with self.db.transaction():
+            rows = await self.db.fetchall("SELECT address FROM chats WHERE chat_id = ?", (chat_id,))
+            addresses = [r["address"] for r in rows]
+            gone = 0
+            for address in addresses:
+                gone += await self.db.execute("DELETE FROM notes WHERE address = ?", (address,))
+                await self.db.execute("DELETE FROM notes_archive WHERE address = ?", (address,))
+                await self.db.execute("DELETE FROM notes_seen WHERE address = ?", (address,))
+                await self._bump(address)
+        logger.info("chat_notes_deleted", chat_id=chat_id, notes=gone)
+        return gone
+
+    # -- N7: the archive and the swap -------------------------------------------------------
+
+    async def _archive(self, address: str, notes: Sequence[Note], reason: str) -> None:
+        await self.db.execute(
+            "INSERT INTO notes_archive (address, records, reason, archived_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (address) DO UPDATE SET records = excluded.records, reason = excluded.reason, "
+            "archived_at = excluded.archived_at",
+            (address, json.dumps([n.as_record() for n in notes], ensure_ascii=False), reason, time.time()),
+        )
+
+    async def _replace(self, address: str, notes: Sequence[Note]) -> None:
+        await self.db.execute("DELETE FROM notes WHERE address = ?", (address,))
+        for n in notes:
+            await self.db.execute(
+                "INSERT INTO notes (address, name, description, body, pinned, prev_body, author, created_at, "
+                "updated_at) VALUES (?, ?, ?, ?, ?, ?, 'rebuild', ?, ?)",
+                (address, n.name, n.description, n.body, int(n.pinned), n.prev_body, n.created_at, n.updated_at),
+            )
+        await self._bump(address)
+
+    async def swap(self, address: str, notes: Sequence[Note], *, version: int) -> bool:
+        """The rebuild's result replaces the notebook, the old one going whole to the archive first;
+        False (nothing changed) when the notebook was written meanwhile."""
+        async with self.db.transaction():
+            chat = await self.store.chat(address)
+            if chat is None or chat.notes_version != version:
+                return False
+            await self._archive(address, await self.notes(address), "rebuild")
+            await self._replace(address, notes)
+            await self.db.execute("UPDATE chats SET notes_rebuild_failed = NULL WHERE address = ?", (address,))
+        return True
+
+    async def archive(self, address: str) -> tuple[list[Note], float, str] | None:
+        row = await self.db.fetchone("SELECT * FROM notes_archive WHERE address = ?", (address,))
+        if row is None:
+            return None
+        return [Note.from_record(r) for r in json.loads(row["records"])], row["archived_at"], row["reason"]
+
+    async def restore(self, address: str) -> int | None:
+        """Bring the archived notebook back exactly; the current one takes its place in the archive,
+        so a restore can itself be undone. None when there is no archive."""
+        async with self.db.transaction():
+            archived = await self.archive(address)
+            if archived is None:
+                return None
+            records, _, _ = archived
+            await self._archive(address, await self.notes(address), "restore")
+            await self._replace(address, records)
+        logger.info("notes_restored", address=address, notes=len(records))
+        return len(records)
+
+    # -- seen marks -------------------------------------------------------------------------
+
+    async def seen_at(self, address: str, viewer: str = DEFAULT_VIEWER) -> float | None:
+        row = await self.db.fetchone("SELECT seen_at FROM notes_seen WHERE address = ? AND viewer = ?",
+                                     (address, viewer))
+        return row["seen_at"] if row else None
+
+    async def mark_seen(self, address: str, viewer: str = DEFAULT_VIEWER) -> float:
+        now = time.time()
+        await self.db.execute(
+            "INSERT INTO notes_seen (address, viewer, seen_at) VALUES (?, ?, ?) "
+            "ON CONFLICT (address, viewer) DO UPDATE SET seen_at = excluded.seen_at", (address, viewer, now),
+        )
+        return now
+
+    # -- turns ------------------------------------------------------------------------------
+
+    async def mode_at_entry(self, chat: Chat) -> Mode:
+        """N2: computed once at turn entry (the caller persists it with the claim)."""
+        return mode_for(chat.notes_mode, await self.notes(chat.address), self.limits)
+
+    async def block(self, chat: Chat, *, threshold: int, window: int | None) -> tuple[str, dict[str, int]]:
+        """The ``[state]`` block of an owner turn and the one-shot marks to persist once it went."""
+        line, marks = window_line(
+            Window(measurement=None if chat.reset_mark or not chat.eve_session else chat.measurement,
+                   threshold=threshold, window=window, parking=not chat.compaction_disabled,
+                   compactions=chat.compactions, nudged_upto=chat.notes_nudged_upto,
+                   wrapped_upto=chat.wrap_nudged_upto),
+            self.config.texts, self.limits,
+        )
+        notes = await self.notes(chat.address)
+        mode: Mode = INDEX if chat.notes_mode == INDEX else "inline"
+        return state_block(notes, mode, line, tool_prefix=self.config.tool_prefix, limits=self.limits), marks
