@@ -119,7 +119,9 @@ async def daemon_factory(tmp_path: Path, tg: FakeTelegram):
             "IVA_ALLOWED_USER_IDS": str(FRIEND),
             "IVA_LANG": "en",
             "IVA_LOG_LEVEL": "debug",
-            "IVA_API_LISTEN": f"127.0.0.1:{free_port()}",
+            # A daemon against the real eve listens where that eve's notebook connection points
+            # (the URL is baked into eve's build, PROTOCOL.md §11).
+            "IVA_API_LISTEN": MCP_LISTEN.get(eve_url) or f"127.0.0.1:{free_port()}",
             **env,
         }
         state = Path(base["IVA_STATE_DIR"])
@@ -155,6 +157,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+MCP_LISTEN: dict[str, str] = {}  # real eve URL → the listen address its notebook MCP URL names
+
 EVE_PEER = Path(os.environ.get("IVA_EVE_PEER_DIR", ROOT.parent / "shared" / "eve-peer"))
 
 
@@ -166,6 +170,7 @@ class RealEve:
         self.llm_url = env["FAKE_LLM_BASE_URL"]
         self.run_dir = run_dir
         self.script_env: dict[str, str] = {}
+        self.mcp_listen = ""
 
     def llm_requests(self) -> list[dict[str, Any]]:
         import json
@@ -205,8 +210,9 @@ def real_eve(tmp_path_factory) -> RealEve:
     if not (EVE_PEER / "start.sh").exists():
         pytest.fail(f"no eve-peer at {EVE_PEER}; set IVA_EVE_PEER_DIR")
     run_dir = tmp_path_factory.mktemp("eve-peer")
+    mcp_listen = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "EVE_PORT": str(free_port()), "FAKE_LLM_PORT": str(free_port()),
-           "EVE_PEER_RUN_DIR": str(run_dir)}
+           "EVE_PEER_RUN_DIR": str(run_dir), "NOTEBOOK_MCP_URL": f"http://{mcp_listen}/mcp"}
     done = subprocess.run(["bash", str(EVE_PEER / "start.sh")], env=env, capture_output=True, text=True,
                           timeout=300, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
@@ -214,6 +220,8 @@ def real_eve(tmp_path_factory) -> RealEve:
     values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     peer = RealEve(values, run_dir)
     peer.script_env = env
+    peer.mcp_listen = mcp_listen
+    MCP_LISTEN[peer.url] = mcp_listen
     yield peer
     subprocess.run(["bash", str(EVE_PEER / "stop.sh")], env=env, capture_output=True, timeout=60,
                    stdin=subprocess.DEVNULL)

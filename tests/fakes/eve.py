@@ -511,7 +511,7 @@ class FakeEve:
                 tokens = (int(marks["tokens"]) if marks.get("tokens")
                           else math.ceil((s.history_chars + 400 + item.context_chars) / 4))
                 if step == 0 and self.mcp_url and _MCP.search(texts[-1]):
-                    for call_no, (tool, raw_args) in enumerate(_MCP.findall(texts[-1])):
+                    for tool, raw_args in _MCP.findall(texts[-1]):
                         await self._mcp_step(s, tool, json.loads(raw_args), step, turn, deliveries, tokens)
                         step += 1
                     texts[-1] = _MCP.sub("", texts[-1])

@@ -33,7 +33,7 @@ def note(name: str, chars: int = 10, *, pinned: bool = False, at: float = 1.0) -
 
 @pytest.mark.parametrize("name", ["", "Has Caps", "a b", "slash/y", "é", "x" * 49])
 def test_bad_names_are_refused_with_what_a_name_is(name):
-    with pytest.raises(NoteError, match="slug|at most 48"):
+    with pytest.raises(NoteError, match=r"slug|at most 48"):
         check_note(name, "d", "body")
 
 
@@ -57,7 +57,7 @@ def test_an_empty_body_is_refused():
 
 def test_the_sixth_pin_is_refused_naming_the_pinned():
     pinned = [note(f"p{i}", pinned=True) for i in range(5)]
-    with pytest.raises(NoteError, match="At most 5.*'p0', 'p1', 'p2', 'p3', 'p4'"):
+    with pytest.raises(NoteError, match=r"At most 5.*'p0', 'p1', 'p2', 'p3', 'p4'"):
         check_pins(pinned, note("new", pinned=True))
 
 
@@ -230,7 +230,7 @@ def test_a_rewritten_pinned_note_is_put_back_verbatim():
 
 def test_bad_names_duplicates_and_long_fields_are_cut_and_logged():
     answer = ("## Shop List | " + "d" * 200 + "\n" + "y" * 2500 + "\n## shop-list | again\nz\n## goal | g\nship the notebook")
-    result = validate_rebuild(OLD + [Note("big", "b", "q" * 2000)], answer, now=1.0)
+    result = validate_rebuild([*OLD, Note("big", "b", "q" * 2000)], answer, now=1.0)
     assert result.ok
     first = result.notes[0]
     assert first.name == "shop-list" and len(first.description) == 120 and len(first.body) == 2000
