@@ -66,6 +66,8 @@ async def _check(settings: Settings) -> int:
                             f"(min(75% of {window}, 137 500)); eve would compact inside turns first. "
                             "Lower IVA_COMPACT_PERCENT/IVA_COMPACT_CEILING (see examples/eve-agent/agent.ts)"
                         )
+                if settings.notes_enabled:
+                    warnings.extend(_notebook_connection(settings, info.raw))
             except eve.EveUnauthorized:
                 problems.append("eve: the token was rejected (IVA_EVE_TOKEN)")
             except eve.EveError as exc:
@@ -75,6 +77,24 @@ async def _check(settings: Settings) -> int:
     for line in problems:
         print(f"FAIL {line}", file=sys.stderr)
     return EXIT_UNREACHABLE if problems else 0
+
+
+def _notebook_connection(settings: Settings, raw: object) -> list[str]:
+    """N3: the agent needs an MCP connection to Iva's /mcp, or the model cannot write notes."""
+    agent = raw.get("agent") if isinstance(raw, dict) else None
+    found = (raw.get("connections") if isinstance(raw, dict) else None) or \
+        (agent.get("connections") if isinstance(agent, dict) else None) or []
+    name = settings.notes_connection
+    mine = next((c for c in found if isinstance(c, dict) and c.get("connectionName") == name), None)
+    expected = f"http://{settings.api_listen}/mcp"
+    if mine is None:
+        return [f"notebook: eve's agent has no connection named {name!r}, so the model cannot write notes; "
+                "add examples/eve-agent/connections/notebook.ts to it (or set IVA_NOTES_ENABLED=0)"]
+    url = str(mine.get("url") or "")
+    if url.rstrip("/") != expected and not url.endswith(f":{settings.api_listen.rpartition(':')[2]}/mcp"):
+        return [f"notebook: eve's {name!r} connection points at {url}, but Iva serves it at {expected}"]
+    print(f"ok   notebook: eve's {name!r} connection points at {url}")
+    return []
 
 
 def main(argv: list[str] | None = None) -> int:

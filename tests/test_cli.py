@@ -55,5 +55,17 @@ async def test_check_warns_when_parking_would_not_come_before_eves_safety_net(tg
     code, out = await _check(_env(tg, fake_eve.url, fake_eve.token, IVA_COMPACT_PERCENT="80"))
     assert code == 0
     assert "warn the parking threshold 102400 is not below eve's in-turn safety net 96000" in out
+    fake_eve.mcp_url = "http://127.0.0.1:8787/mcp"  # the notebook connection where Iva serves it
     code, out = await _check(_env(tg, fake_eve.url, fake_eve.token))
     assert "warn" not in out
+
+
+async def test_check_warns_when_the_agent_cannot_reach_the_notebook(tg, fake_eve):
+    """N3: without eve's MCP connection to Iva's /mcp the model cannot write notes; say so."""
+    code, out = await _check(_env(tg, fake_eve.url, fake_eve.token))
+    assert code == 0 and "warn notebook: eve's agent has no connection named 'notebook'" in out
+    fake_eve.mcp_url = "http://127.0.0.1:4999/mcp"
+    code, out = await _check(_env(tg, fake_eve.url, fake_eve.token))
+    assert "points at http://127.0.0.1:4999/mcp, but Iva serves it at http://127.0.0.1:8787/mcp" in out
+    code, out = await _check(_env(tg, fake_eve.url, fake_eve.token, IVA_NOTES_ENABLED="0"))
+    assert "notebook" not in out

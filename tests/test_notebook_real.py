@@ -21,7 +21,7 @@ SAVE = ('[[call=notebook__chat_note_save {"name": "shop", "description": "shoppi
 @pytest.fixture
 async def daemon(daemon_factory, real_eve):
     real_eve.control(full_log=True)
-    d = daemon_factory(real_eve.url, real_eve.token)
+    d = daemon_factory(real_eve.url, real_eve.token, IVA_API_TOKEN="nb-token")
     await d.start()
     yield d
     real_eve.control(full_log=False)
@@ -107,3 +107,34 @@ async def test_a_non_owner_turn_in_a_group_has_no_block_and_its_tool_calls_are_r
     await idle(tg, daemon, str(GROUP))
     assert client_context(requests_for(real_eve, "nb7")[0])[0].startswith("Client context:\n[state]")
     assert notes(daemon, str(GROUP)) == {"shop": "milk, eggs"}
+
+
+async def test_a_big_notebook_is_rebuilt_through_a_throwaway_real_eve_session(tg, real_eve, daemon):
+    """N7 on the real eve: create-with-message, stream, reset; the scripted model answers in the
+    seed's format (one note's body carries the reply marker into the rebuild prompt)."""
+    import aiohttp
+
+    await turn(tg, daemon, "nb8 hello", 1)
+    base = f"http://{daemon.env['IVA_API_LISTEN']}/v1/chats/{OWNER}/notes"
+    headers = {"authorization": "Bearer nb-token"}
+    async with aiohttp.ClientSession(headers=headers) as http:
+        async def put(name: str, **body: Any) -> None:
+            async with http.put(f"{base}/{name}", json=body) as response:
+                assert response.status == 201, await response.text()
+
+        await put("goal", body="ship it", description="the goal", pinned=True)
+        await put("script", description="scripted answer",
+                  body="[[reply=## merged | all the facts\nfacts 0-40, merged into one]]")
+        for i in range(40):
+            await put(f"fact-{i}", body=f"fact number {i} " * 10, description=f"fact {i}")
+        await turn(tg, daemon, "nb9 a turn that triggers the rebuild", 2)
+        await tg.wait_for(lambda: set(notes(daemon, str(OWNER))) == {"goal", "merged"}, 60, "the rebuild")
+        assert notes(daemon, str(OWNER))["merged"] == "facts 0-40, merged into one"
+        assert notes(daemon, str(OWNER))["goal"] == "ship it"
+        async with http.get(f"http://{daemon.env['IVA_API_LISTEN']}/v1/chats/{OWNER}/spend") as response:
+            spend = (await response.json())["spend"]
+        assert spend["notes"]["calls"] >= 1 and spend["notes"]["input_tokens"] > 0
+        async with http.post(f"{base}/restore") as response:
+            assert (await response.json())["restored"] == 42
+    rebuild = [r for r in real_eve.llm_requests() if (r.get("latest_user") or "").startswith("NOTEBOOK REBUILD")]
+    assert len(rebuild) == 1 and rebuild[0]["tools"]  # eve offers its tools; Iva's MCP lists none for it

@@ -207,8 +207,10 @@ class FakeEve:
     async def _info(self, request: web.Request) -> web.Response:
         if (denied := self._auth(request)) is not None:
             return denied
+        connections = [{"connectionName": self.mcp_connection, "protocol": "mcp", "url": self.mcp_url,
+                        "hasHeaders": False}] if self.mcp_url else []
         return web.json_response({"agent": {"model": {"id": "fake/fake-model", "contextWindowTokens": self.window}},
-                                  "version": 5})
+                                  "connections": connections, "version": 5})
 
     async def _create(self, request: web.Request) -> web.Response:
         if (denied := self._auth(request)) is not None:
