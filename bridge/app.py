@@ -147,7 +147,12 @@ class Bridge:
             stack.push_async_callback(scheduler.close)
 
             async def status_text(address: str, lang: str) -> str:
-                return await self.status_text(store, queue, scheduler, address, lang)
+                text = await self.status_text(store, queue, scheduler, address, lang)
+                if notebook.enabled:
+                    chat = await store.chat(address)
+                    mode = chat.notes_mode if chat else "inline"
+                    text += "\n" + t("status_notes", lang, n=await notebook.count(address), mode=mode)
+                return text
 
             ingest = Ingest(bot=bot, me=me, settings=s, queue=queue, store=store, sender=sender,
                             scheduler=scheduler, status_text=status_text, spawn=self.spawn, notebook=notebook)

@@ -99,6 +99,7 @@ _TEXTS: dict[str, dict[Lang, str]] = {
     "notes_unchanged": {"en": "(no earlier version)", "ru": "(прежней версии нет)"},
     "notes_pinned": {"en": "pinned", "ru": "закреплена"},
     "notes_updated": {"en": "updated", "ru": "изменена"},
+    "status_notes": {"en": "Notebook: {n} note(s), {mode} mode", "ru": "Блокнот: заметок {n}, режим {mode}"},
     "new_notes_kept": {
         "en": "The notebook kept its {n} note(s).",
         "ru": "Блокнот сохранил заметки: {n}.",

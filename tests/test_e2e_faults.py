@@ -218,6 +218,7 @@ async def test_status_and_help(tg, fake_eve, bridge):
     status = tg.texts()[2]
     # The threshold comes from eve's /info window when IVA_CONTEXT_WINDOW is unset: 60% of 128 000.
     assert "4 321" in status and "76 800" in status and "free" in status
+    assert "Notebook: 0 note(s), inline mode" in status
     commands = tg.calls_of("setMyCommands")
     assert {c.get("language_code") for c in commands} >= {"en", "ru"}
 
