@@ -105,8 +105,12 @@ class Daemon:
 
     async def stop(self) -> None:
         if self.proc and self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(self.proc.wait(), 30)
+            # Under py-spy the daemon is its child: stop the daemon, and py-spy writes its profile.
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+            kids = [int(p) for p in children.read_text().split()] if children.exists() else []
+            for pid in kids or [self.proc.pid]:
+                os.kill(pid, signal.SIGTERM)
+            await asyncio.wait_for(self.proc.wait(), 60)
 
 
 def machine() -> dict[str, Any]:

@@ -31,13 +31,25 @@ async def measure(tg: FakeTelegram, eve: FakeEve) -> tuple[list[float], list[flo
     return ingest, deliver
 
 
-async def sequential(turns: int, chats: int) -> dict:
+def profiled(path: str | None) -> list[str] | None:
+    """The daemon under py-spy (benchmark 6): collapsed stacks, sampled at 1 kHz, idle excluded."""
+    if not path:
+        return None
+    import sys
+    from pathlib import Path
+
+    spy = Path(sys.executable).with_name("py-spy")
+    return [str(spy), "record", "-r", "1000", "-f", "raw", "-o", path, "--nonblocking", "--",
+            sys.executable, "-m", "bridge", "run"]
+
+
+async def sequential(turns: int, chats: int, profile: str | None = None) -> dict:
     tg, eve = FakeTelegram(), FakeEve()
     await tg.start()
     await eve.start()
     state = tmpdir()
     daemon = Daemon(tg, eve, state, IVA_ALLOWED_USER_IDS=",".join(str(100 + c) for c in range(chats)))
-    await daemon.start()
+    await daemon.start(profiled(profile))
     try:
         per_chat = turns // chats
 
@@ -73,14 +85,14 @@ async def sequential(turns: int, chats: int) -> dict:
             "fsync_commit_baseline": dist_ms(baseline)}
 
 
-async def scale(chats: int, rounds: int) -> dict:
+async def scale(chats: int, rounds: int, profile: str | None = None) -> dict:
     tg, eve = FakeTelegram(), FakeEve()
     await tg.start()
     await eve.start()
     state = tmpdir()
     users = [100 + c for c in range(chats)]
     daemon = Daemon(tg, eve, state, IVA_ALLOWED_USER_IDS=",".join(map(str, users)), IVA_MAX_TURNS="64")
-    await daemon.start()
+    await daemon.start(profiled(profile))
     waits: dict[int, list[float]] = {u: [] for u in users}
     try:
         cpu0 = daemon.cpu_seconds()
@@ -118,9 +130,10 @@ def main() -> None:
     parser.add_argument("--chats", type=int, default=4)
     parser.add_argument("--scale", type=int, default=0, help="chats writing at once (benchmark 3)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", help="run the daemon under py-spy; collapsed stacks to this file")
     args = parser.parse_args()
     if args.scale:
-        result = asyncio.run(scale(args.scale, args.rounds))
+        result = asyncio.run(scale(args.scale, args.rounds, args.profile))
         path = save("scale", result)
         rows = [("metric", "value", "goal"),
                 ("peak RSS", f"{result['rss_peak_mb']} MB", "≤ 150 MB"),
@@ -130,7 +143,7 @@ def main() -> None:
                 ("completed→telegram p99", f"{result['completed_to_telegram']['p99']} ms", ""),
                 ("fairness worst/median", f"{result['fairness_worst_over_median']}", "≤ 2")]
     else:
-        result = asyncio.run(sequential(args.turns, args.chats))
+        result = asyncio.run(sequential(args.turns, args.chats, args.profile))
         path = save(f"latency-{args.chats}chats", result)
         a, b, base = result["ingest_to_eve"], result["completed_to_telegram"], result["fsync_commit_baseline"]
         rows = [("path", "p50 ms", "p99 ms", "max ms", "goal"),

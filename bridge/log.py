@@ -48,7 +48,7 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
     # Libraries talk at warning and above unless we debug; aiohttp/httpx access lines are noise.
     for noisy in ("aiogram", "httpx", "aiohttp"):
         logging.getLogger(noisy).setLevel(logging.INFO if level == "debug" else logging.WARNING)
-    for chatty in ("aiosqlite", "httpcore", "aiogram.event"):
+    for chatty in ("httpcore", "aiogram.event"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
 
 

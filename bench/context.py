@@ -1,0 +1,202 @@
+"""Benchmark 5: the context economy — the point of parking compaction.
+
+A scripted "day" of N turns (default 300) through the REAL eve from ../shared/eve-peer, with the
+window at 1 000 000 and eve's own in-turn compaction at 90% (`EVE_COMPACTION_THRESHOLD=0.9`). Every
+turn is a ~12 000-character message (a pasted log, a document); the scripted model reports input
+tokens estimated from the real request (the whole history eve sends, clientContext and tool
+schemas included), so the sizes grow with the real history. The same day runs twice in one
+benchmark, against the same eve build:
+
+- eve alone: Iva's parking compaction off (its threshold set above the window), so only eve's
+  in-turn compaction at 900 000 tokens ever fires;
+- Iva: parking compaction on with its defaults (min(60% × window, 110 000) = 110 000).
+
+The person pauses ``--think`` seconds between a reply and the next message, and every summary
+takes ``--summary-delay`` seconds, so a message sent while Iva compacts shows the C3 path.
+
+    python -m bench.context [--turns 300] [--chars 12000] [--think 1.0] [--summary-delay 2.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, Daemon, FakeTelegram, free_port, save, table, tmpdir
+
+EVE_PEER = Path(os.environ.get("IVA_EVE_PEER_DIR", ROOT.parent / "shared" / "eve-peer"))
+WINDOW = 1_000_000
+NOTICE = "Compacting the conversation, I'll answer soon."
+WORDS = ("request handled in ms status ok user session cache miss retry backoff queue depth worker "
+         "commit fsync latency error timeout upstream gateway token window summary parking").split()
+
+
+def paste(turn: int, chars: int) -> str:
+    """A deterministic ~``chars``-character message, different every turn."""
+    rng = random.Random(turn)
+    out: list[str] = [f"turn {turn}: here is the next part of the log, keep it in mind."]
+    size = len(out[0])
+    while size < chars:
+        line = f"{rng.randint(10, 23)}:{rng.randint(10, 59)} " + " ".join(rng.choice(WORDS) for _ in range(12))
+        out.append(line)
+        size += len(line) + 1
+    return "\n".join(out)[:chars]
+
+
+def llm(base: str, path: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data=data, method="POST" if data is not None else "GET",
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read() or b"null")
+
+
+def start_eve(run_dir: Path, mcp_listen: str) -> dict[str, str]:
+    env = {**os.environ, "EVE_PORT": str(free_port()), "FAKE_LLM_PORT": str(free_port()),
+           "EVE_PEER_RUN_DIR": str(run_dir), "EVE_CONTEXT_WINDOW": str(WINDOW), "EVE_COMPACTION_THRESHOLD": "0.9",
+           "NOTEBOOK_MCP_URL": f"http://{mcp_listen}/mcp"}
+    done = subprocess.run(["bash", str(EVE_PEER / "start.sh")], env=env, capture_output=True, text=True,
+                          timeout=600, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise SystemExit(f"eve-peer did not start:\n{done.stdout}\n{done.stderr}")
+    values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    values["_env"] = json.dumps({k: env[k] for k in ("EVE_PORT", "FAKE_LLM_PORT", "EVE_PEER_RUN_DIR")})
+    return values
+
+
+def stop_eve(values: dict[str, str]) -> None:
+    env = {**os.environ, **json.loads(values["_env"])}
+    subprocess.run(["bash", str(EVE_PEER / "stop.sh")], env=env, capture_output=True, timeout=60,
+                   stdin=subprocess.DEVNULL)
+
+
+async def day(name: str, peer: dict[str, str], mcp_listen: str, *, turns: int, chars: int, think: float,
+              summary_delay: float, parking: bool) -> dict[str, Any]:
+    llm_url = peer["FAKE_LLM_BASE_URL"]
+    llm(llm_url, "/control", {"reset": True})
+    llm(llm_url, "/control", {"summary_delay": summary_delay})
+    llm(llm_url, "/requests/clear", {})
+    tg = FakeTelegram()
+    await tg.start()
+    state = tmpdir()
+    env: dict[str, str] = {"IVA_API_LISTEN": mcp_listen}
+    if not parking:
+        env.update(IVA_COMPACT_PERCENT="100", IVA_COMPACT_CEILING=str(10 * WINDOW))  # never parks
+    daemon = Daemon(tg, _Eve(peer["EVE_BASE_URL"], peer["EVE_PEER_TOKEN"]), state, **env)  # type: ignore[arg-type]
+    await daemon.start()
+    latencies: list[float] = []
+    noticed = 0
+    t_start = time.monotonic()
+    try:
+        for turn in range(turns):
+            before = tg.sent_count
+            notices_before = tg.texts().count(NOTICE)
+            t0 = time.monotonic()
+            await tg.message(paste(turn, chars), user_id=1)
+            # The reply is the first text that is not the C3 notice.
+            await tg.wait_for(lambda: any(t != NOTICE for t in tg.texts()[before:]), 300, f"reply {turn}")
+            latencies.append(time.monotonic() - t0)
+            noticed += tg.texts().count(NOTICE) - notices_before
+            if (turn + 1) % 25 == 0:
+                print(f"  {name}: {turn + 1}/{turns} turns, {time.monotonic() - t_start:.0f} s", flush=True)
+            await asyncio.sleep(think)
+        # Let a last parking compaction finish before reading the log.
+        await tg.wait_for(lambda: _idle(state), 120, "idle")
+    finally:
+        await daemon.stop()
+        await tg.stop()
+    requests = llm(llm_url, "/requests")
+    requests = requests["requests"] if isinstance(requests, dict) else requests
+    chat = [r for r in requests if r["kind"] == "chat"]
+    compactions = [i for i, r in enumerate(requests) if r["kind"] == "compaction"]
+    threshold = 110_000 if parking else int(0.9 * WINDOW)
+    ineffective = 0
+    for i in compactions:
+        following = next((r for r in requests[i + 1:] if r["kind"] == "chat"), None)
+        if following is not None and following["prompt_tokens"] >= threshold:
+            ineffective += 1
+    # A compaction inside a turn delays that turn's reply with nothing said: a user-visible wait.
+    in_turn = sum(1 for i in compactions if _inside_turn(requests, i))
+    median = sorted(latencies)[len(latencies) // 2]
+    return {
+        "run": name, "turns": turns, "chars_per_turn": chars, "think_s": think, "summary_delay_s": summary_delay,
+        "threshold": threshold, "model_calls": len(chat),
+        "max_input_tokens_per_step": max(r["prompt_tokens"] for r in chat),
+        "total_input_tokens": sum(r["prompt_tokens"] for r in chat),
+        "compactions": len(compactions), "ineffective_compactions": ineffective,
+        "in_turn_compactions": in_turn,
+        "messages_that_met_a_compaction_notice": noticed,
+        "reply_latency_s": {"p50": round(median, 3), "max": round(max(latencies), 3)},
+        "wall_s": round(time.monotonic() - t_start, 1),
+    }
+
+
+def _inside_turn(requests: list[dict[str, Any]], i: int) -> bool:
+    """eve's in-turn compaction happens between a turn's model calls, i.e. the request before it
+    was a chat call of the same user message that had not been answered with text yet."""
+    prev = next((r for r in reversed(requests[:i]) if r["kind"] == "chat"), None)
+    nxt = next((r for r in requests[i + 1:] if r["kind"] == "chat"), None)
+    return bool(prev and nxt and prev.get("latest_user") == nxt.get("latest_user"))
+
+
+def _idle(state: Path) -> bool:
+    import sqlite3
+
+    conn = sqlite3.connect(state / "iva.sqlite3")
+    try:
+        return conn.execute("SELECT count(*) FROM chats WHERE status = 'busy'").fetchone()[0] == 0
+    finally:
+        conn.close()
+
+
+class _Eve:
+    """What bench.common.Daemon needs of an eve: its URL and token."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.url, self.token = url, token
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--turns", type=int, default=300)
+    parser.add_argument("--chars", type=int, default=12_000)
+    parser.add_argument("--think", type=float, default=1.0)
+    parser.add_argument("--summary-delay", type=float, default=2.0)
+    parser.add_argument("--only", choices=["eve", "iva"])
+    args = parser.parse_args()
+    mcp_listen = f"127.0.0.1:{free_port()}"
+    peer = start_eve(tmpdir(), mcp_listen)
+    runs = []
+    try:
+        for name, parking in (("eve alone", False), ("iva", True)):
+            if args.only and not name.startswith(args.only):
+                continue
+            print(f"{name}: {args.turns} turns of {args.chars} characters", flush=True)
+            runs.append(asyncio.run(day(name, peer, mcp_listen, turns=args.turns, chars=args.chars, think=args.think,
+                                        summary_delay=args.summary_delay, parking=parking)))
+    finally:
+        stop_eve(peer)
+    rows = [("metric", *(r["run"] for r in runs))]
+    for key in ("max_input_tokens_per_step", "total_input_tokens", "model_calls", "compactions",
+                "ineffective_compactions", "in_turn_compactions", "messages_that_met_a_compaction_notice",
+                "wall_s"):
+        rows.append((key, *(f"{r[key]:,}".replace(",", " ") if isinstance(r[key], int) else str(r[key]) for r in runs)))
+    result: dict[str, Any] = {"runs": runs}
+    if len(runs) == 2:
+        ratio = runs[1]["total_input_tokens"] / runs[0]["total_input_tokens"]
+        result["iva_total_vs_eve_alone"] = round(ratio, 4)
+        rows.append(("iva total / eve alone", "", f"{ratio:.1%}"))
+    print(table(rows))
+    print(f"written to {save('context', result)}")
+
+
+if __name__ == "__main__":
+    main()
