@@ -93,17 +93,32 @@ async def day(name: str, peer: dict[str, str], mcp_listen: str, *, turns: int, c
     daemon = Daemon(tg, _Eve(peer["EVE_BASE_URL"], peer["EVE_PEER_TOKEN"]), state, **env)  # type: ignore[arg-type]
     await daemon.start()
     latencies: list[float] = []
+    windows: list[tuple[float, float]] = []  # (message sent, reply seen), wall clock like the model's log
     noticed = 0
+    pressed: set[int] = set()
+    prompts: list[dict[str, Any]] = []
+    prompt_waits: list[float] = []
     t_start = time.monotonic()
     try:
         for turn in range(turns):
             before = tg.sent_count
             notices_before = tg.texts().count(NOTICE)
             t0 = time.monotonic()
+            sent_wall = time.time()
             await tg.message(paste(turn, chars), user_id=1)
-            # The reply is the first text that is not the C3 notice.
-            await tg.wait_for(lambda: any(t != NOTICE for t in tg.texts()[before:]), 300, f"reply {turn}")
+            # The reply is the scripted model's echo; a prompt with buttons on the way (eve's
+            # session-limit guardrail) is approved the way the person would, and counted.
+            while not any(t.startswith(("echo:", "tool done")) for t in tg.texts()[before:]):
+                for sent in tg.sent()[before:]:
+                    if sent.get("reply_markup") and id(sent) not in pressed:
+                        pressed.add(id(sent))
+                        prompts.append({"turn": turn, "text": sent["text"][:200]})
+                        stalled_at = time.monotonic()
+                        await tg.press(sent, "Approve", user_id=1)
+                        prompt_waits.append(stalled_at - t0)
+                await tg.wait_for(lambda n=len(tg.sent()): len(tg.sent()) > n, 300, f"reply {turn}")
             latencies.append(time.monotonic() - t0)
+            windows.append((sent_wall, time.time()))
             noticed += tg.texts().count(NOTICE) - notices_before
             if (turn + 1) % 25 == 0:
                 print(f"  {name}: {turn + 1}/{turns} turns, {time.monotonic() - t_start:.0f} s", flush=True)
@@ -123,8 +138,10 @@ async def day(name: str, peer: dict[str, str], mcp_listen: str, *, turns: int, c
         following = next((r for r in requests[i + 1:] if r["kind"] == "chat"), None)
         if following is not None and following["prompt_tokens"] >= threshold:
             ineffective += 1
-    # A compaction inside a turn delays that turn's reply with nothing said: a user-visible wait.
-    in_turn = sum(1 for i in compactions if _inside_turn(requests, i))
+    # A compaction that runs while a message waits for its reply delays that reply with nothing
+    # said: a user-visible wait. eve's own compactions run inside turns; Iva's run between them,
+    # and a message that arrives meanwhile gets the C3 notice.
+    in_turn = [requests[i] for i in compactions if any(a <= requests[i]["at"] <= b for a, b in windows)]
     median = sorted(latencies)[len(latencies) // 2]
     return {
         "run": name, "turns": turns, "chars_per_turn": chars, "think_s": think, "summary_delay_s": summary_delay,
@@ -132,19 +149,14 @@ async def day(name: str, peer: dict[str, str], mcp_listen: str, *, turns: int, c
         "max_input_tokens_per_step": max(r["prompt_tokens"] for r in chat),
         "total_input_tokens": sum(r["prompt_tokens"] for r in chat),
         "compactions": len(compactions), "ineffective_compactions": ineffective,
-        "in_turn_compactions": in_turn,
+        "compactions_while_a_reply_was_awaited": len(in_turn),
+        "of_those_explained_by_the_notice": min(len(in_turn), noticed),
         "messages_that_met_a_compaction_notice": noticed,
+        "eve_prompts_the_person_had_to_answer": len(prompts), "prompts": prompts,
+        "prompt_seen_after_s": [round(w, 2) for w in prompt_waits],
         "reply_latency_s": {"p50": round(median, 3), "max": round(max(latencies), 3)},
         "wall_s": round(time.monotonic() - t_start, 1),
     }
-
-
-def _inside_turn(requests: list[dict[str, Any]], i: int) -> bool:
-    """eve's in-turn compaction happens between a turn's model calls, i.e. the request before it
-    was a chat call of the same user message that had not been answered with text yet."""
-    prev = next((r for r in reversed(requests[:i]) if r["kind"] == "chat"), None)
-    nxt = next((r for r in requests[i + 1:] if r["kind"] == "chat"), None)
-    return bool(prev and nxt and prev.get("latest_user") == nxt.get("latest_user"))
 
 
 def _idle(state: Path) -> bool:
@@ -186,8 +198,9 @@ def main() -> None:
         stop_eve(peer)
     rows = [("metric", *(r["run"] for r in runs))]
     for key in ("max_input_tokens_per_step", "total_input_tokens", "model_calls", "compactions",
-                "ineffective_compactions", "in_turn_compactions", "messages_that_met_a_compaction_notice",
-                "wall_s"):
+                "ineffective_compactions", "compactions_while_a_reply_was_awaited",
+                "of_those_explained_by_the_notice", "messages_that_met_a_compaction_notice",
+                "eve_prompts_the_person_had_to_answer", "wall_s"):
         rows.append((key, *(f"{r[key]:,}".replace(",", " ") if isinstance(r[key], int) else str(r[key]) for r in runs)))
     result: dict[str, Any] = {"runs": runs}
     if len(runs) == 2:

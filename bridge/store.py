@@ -7,6 +7,7 @@ rows it claims or acknowledges.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import sqlite3
@@ -190,43 +191,18 @@ class Chat:
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Chat:
-        return cls(
-            address=row["address"],
-            chat_id=row["chat_id"],
-            thread_id=row["thread_id"],
-            lang=row["lang"],
-            eve_session=row["eve_session"],
-            status=ChatStatus(row["status"]),
-            kind=row["kind"],
-            origin=row["origin"],
-            cursor=row["cursor"],
-            claim=row["claim"],
-            deliveries=tuple(json.loads(row["deliveries"])),
-            busy_since=row["busy_since"],
-            progress_at=row["progress_at"],
-            measurement=row["measurement"],
-            compaction_disabled=bool(row["compaction_disabled"]),
-            reset_mark=bool(row["reset_mark"]),
-            reset_requested=bool(row["reset_requested"]),
-            reset_reply_to=row["reset_reply_to"],
-            reset_dropped=row["reset_dropped"],
-            blocked=bool(row["blocked"]),
-            turns=row["turns"],
-            compact_notified=bool(row["compact_notified"]),
-            compact_before=row["compact_before"],
-            after_pending=bool(row["after_pending"]),
-            last_after=row["last_after"],
-            compact_failures=row["compact_failures"],
-            compact_retry_at=row["compact_retry_at"],
-            compactions=row["compactions"],
-            waiting_input=bool(row["waiting_input"]),
-            notes_mode=row["notes_mode"],
-            notes_nudged_upto=row["notes_nudged_upto"],
-            wrap_nudged_upto=row["wrap_nudged_upto"],
-            notes_version=row["notes_version"],
-            notes_rebuild_failed=row["notes_rebuild_failed"],
-            owner_turn=bool(row["owner_turn"]),
-        )
+        """One column per field, of the same name; flags are stored as 0/1."""
+        values: dict[str, object] = {}
+        for f in dataclasses.fields(cls):
+            value = row[f.name]
+            if f.name == "status":
+                value = ChatStatus(value)
+            elif f.name == "deliveries":
+                value = tuple(json.loads(value))
+            elif f.type == "bool":
+                value = bool(value)
+            values[f.name] = value
+        return cls(**values)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
