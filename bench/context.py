@@ -79,7 +79,7 @@ def stop_eve(values: dict[str, str]) -> None:
 
 
 async def day(name: str, peer: dict[str, str], mcp_listen: str, *, turns: int, chars: int, think: float,
-              summary_delay: float, parking: bool) -> dict[str, Any]:
+              summary_delay: float, parking: bool, ceiling: int | None = None) -> dict[str, Any]:
     llm_url = peer["FAKE_LLM_BASE_URL"]
     llm(llm_url, "/control", {"reset": True})
     llm(llm_url, "/control", {"summary_delay": summary_delay})
@@ -90,6 +90,8 @@ async def day(name: str, peer: dict[str, str], mcp_listen: str, *, turns: int, c
     env: dict[str, str] = {"IVA_API_LISTEN": mcp_listen}
     if not parking:
         env.update(IVA_COMPACT_PERCENT="100", IVA_COMPACT_CEILING=str(10 * WINDOW))  # never parks
+    elif ceiling:
+        env.update(IVA_COMPACT_CEILING=str(ceiling))
     daemon = Daemon(tg, _Eve(peer["EVE_BASE_URL"], peer["EVE_PEER_TOKEN"]), state, **env)  # type: ignore[arg-type]
     await daemon.start()
     latencies: list[float] = []
@@ -132,7 +134,7 @@ async def day(name: str, peer: dict[str, str], mcp_listen: str, *, turns: int, c
     requests = requests["requests"] if isinstance(requests, dict) else requests
     chat = [r for r in requests if r["kind"] == "chat"]
     compactions = [i for i, r in enumerate(requests) if r["kind"] == "compaction"]
-    threshold = 110_000 if parking else int(0.9 * WINDOW)
+    threshold = (ceiling or 110_000) if parking else int(0.9 * WINDOW)
     ineffective = 0
     for i in compactions:
         following = next((r for r in requests[i + 1:] if r["kind"] == "chat"), None)
@@ -183,6 +185,7 @@ def main() -> None:
     parser.add_argument("--think", type=float, default=1.0)
     parser.add_argument("--summary-delay", type=float, default=2.0)
     parser.add_argument("--only", choices=["eve", "iva"])
+    parser.add_argument("--ceiling", type=int, help="IVA_COMPACT_CEILING for the Iva run (default 110 000)")
     args = parser.parse_args()
     mcp_listen = f"127.0.0.1:{free_port()}"
     peer = start_eve(tmpdir(), mcp_listen)
@@ -193,7 +196,8 @@ def main() -> None:
                 continue
             print(f"{name}: {args.turns} turns of {args.chars} characters", flush=True)
             runs.append(asyncio.run(day(name, peer, mcp_listen, turns=args.turns, chars=args.chars, think=args.think,
-                                        summary_delay=args.summary_delay, parking=parking)))
+                                        summary_delay=args.summary_delay, parking=parking,
+                                        ceiling=args.ceiling)))
     finally:
         stop_eve(peer)
     rows = [("metric", *(r["run"] for r in runs))]
@@ -208,7 +212,7 @@ def main() -> None:
         result["iva_total_vs_eve_alone"] = round(ratio, 4)
         rows.append(("iva total / eve alone", "", f"{ratio:.1%}"))
     print(table(rows))
-    print(f"written to {save('context', result)}")
+    print(f"written to {save('context' + (f'-ceiling{args.ceiling}' if args.ceiling else ''), result)}")
 
 
 if __name__ == "__main__":

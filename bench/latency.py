@@ -124,6 +124,51 @@ async def scale(chats: int, rounds: int, profile: str | None = None) -> dict:
             "fairness_worst_over_median": round(worst / median, 2) if median else None}
 
 
+async def active(chats: int, spread: float, eve_delay: float, rounds: int, profile: str | None = None) -> dict:
+    """Benchmark 3 as "active at once": every chat writes once per round at a random moment of
+    ``spread`` seconds and eve takes ``eve_delay`` seconds per turn, so with eve_delay ≥ spread all
+    chats have a turn in flight at the same time. The added latency is the bridge's own, measured
+    while it holds ``chats`` busy chats (open streams, typing, records)."""
+    import random
+
+    tg, eve = FakeTelegram(), FakeEve()
+    await tg.start()
+    await eve.start()
+    state = tmpdir()
+    users = [100 + c for c in range(chats)]
+    daemon = Daemon(tg, eve, state, IVA_ALLOWED_USER_IDS=",".join(map(str, users)), IVA_MAX_TURNS=str(chats))
+    await daemon.start(profiled(profile))
+    rng = random.Random(7)
+    peak_busy = 0
+    try:
+        cpu0 = daemon.cpu_seconds()
+        t_start = time.monotonic()
+        for r in range(rounds):
+            schedule = sorted((rng.uniform(0, spread), u) for u in users)
+            t0 = time.monotonic()
+            for at, u in schedule:
+                delay = t0 + at - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await tg.message(f"u{u} r{r} [[delay={eve_delay}]]", user_id=u)
+            peak_busy = max(peak_busy, sum(1 for s in eve.sessions.values() if s.running))
+            await tg.wait_sent(lambda: tg.sent_count >= chats * (r + 1), 600)
+        wall = time.monotonic() - t_start
+        cpu = daemon.cpu_seconds() - cpu0
+        rss = daemon.rss_peak_kb()
+        ingest, deliver = await measure(tg, eve)
+    finally:
+        await daemon.stop()
+        await tg.stop()
+        await eve.stop()
+    added = [a + b for a, b in zip(sorted(ingest), sorted(deliver), strict=False)]
+    return {"mode": "active", "chats": chats, "rounds": rounds, "spread_s": spread, "eve_delay_s": eve_delay,
+            "turns": chats * rounds, "turns_in_flight_at_peak": peak_busy, "wall_s": round(wall, 1),
+            "rss_peak_mb": round(rss / 1024, 1), "cpu_ms_per_turn": round(cpu * 1000 / (chats * rounds), 3),
+            "ingest_to_eve": dist_ms(ingest), "completed_to_telegram": dist_ms(deliver),
+            "added_latency_sum_p99_ms": dist_ms(added)["p99"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=2000)
@@ -131,8 +176,22 @@ def main() -> None:
     parser.add_argument("--scale", type=int, default=0, help="chats writing at once (benchmark 3)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", help="run the daemon under py-spy; collapsed stacks to this file")
+    parser.add_argument("--active", type=int, default=0, help="chats with a turn in flight at once (benchmark 3)")
+    parser.add_argument("--spread", type=float, default=30.0)
+    parser.add_argument("--eve-delay", type=float, default=30.0)
     args = parser.parse_args()
-    if args.scale:
+    if args.active:
+        result = asyncio.run(active(args.active, args.spread, args.eve_delay, args.rounds, args.profile))
+        path = save("scale-active", result)
+        a, b = result["ingest_to_eve"], result["completed_to_telegram"]
+        rows = [("metric", "value", "goal"),
+                ("turns in flight at the peak", str(result["turns_in_flight_at_peak"]), f"{args.active}"),
+                ("peak RSS", f"{result['rss_peak_mb']} MB", "≤ 150 MB"),
+                ("CPU per turn", f"{result['cpu_ms_per_turn']} ms", ""),
+                ("update → eve send p50 / p99", f"{a['p50']} / {a['p99']} ms", ""),
+                ("completed → sendMessage p50 / p99", f"{b['p50']} / {b['p99']} ms", ""),
+                ("p99 added latency (a+b)", f"{result['added_latency_sum_p99_ms']} ms", "≤ 50 ms")]
+    elif args.scale:
         result = asyncio.run(scale(args.scale, args.rounds, args.profile))
         path = save("scale", result)
         rows = [("metric", "value", "goal"),

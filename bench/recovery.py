@@ -35,6 +35,9 @@ async def run(chats: int) -> dict:
         deadline = time.monotonic() + 300
         while busy_count(db) < chats and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
+        # Every turn must have reached eve before the kill (a chat is marked busy before its send).
+        while sum(len(s.sends) for s in eve.sessions.values()) < chats and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
         await daemon.kill()
         sessions = list(eve.sessions.values())
         lost = sessions[: len(sessions) // 2]
@@ -48,6 +51,7 @@ async def run(chats: int) -> dict:
         before = tg.sent_count
         t0 = time.monotonic()
         await daemon.start()
+        ready = time.monotonic() - t0  # imports, open, quick_check, getMe: the first poll
         while busy_count(db) > 0 and time.monotonic() - t0 < 300:
             await asyncio.sleep(0.05)
         reconciled = time.monotonic() - t0
@@ -59,7 +63,8 @@ async def run(chats: int) -> dict:
         await daemon.stop()
         await tg.stop()
         await eve.stop()
-    return {"chats": chats, "lost": len(lost), "reconciled_s": round(reconciled, 2),
+    return {"chats": chats, "lost": len(lost), "reconciled_s": round(reconciled, 2), "ready_s": round(ready, 2),
+            "reconciled_after_ready_s": round(reconciled - ready, 2),
             "all_messages_sent_s": round(answered, 2), "told_to_repeat": repeats,
             "answered": chats - repeats}
 
@@ -72,6 +77,8 @@ def main() -> None:
     print(table([("metric", "value", "goal"),
                  ("busy records at start", str(result["chats"]), ""),
                  ("time until every chat reconciled", f"{result['reconciled_s']} s", "≤ 5 s"),
+                 ("of which: start until the first poll", f"{result['ready_s']} s", ""),
+                 ("of which: reconciling after that", f"{result['reconciled_after_ready_s']} s", ""),
                  ("time until every reply/notice sent", f"{result['all_messages_sent_s']} s", ""),
                  ("answered / told to repeat", f"{result['answered']} / {result['told_to_repeat']}", "")]))
     print(f"written to {save('recovery', result)}")

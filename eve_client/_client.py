@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import zlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -42,6 +43,7 @@ ClientContext = str | Sequence[str] | Mapping[str, Any]
 
 DEFAULT_TIMEOUT = httpx.Timeout(15.0, connect=5.0)
 DEFAULT_STREAM_IDLE = 120.0
+STREAM_POOLS = 16  # connection pools the followed streams are spread over (by session id)
 # A followed stream holds its connection for a whole turn, so the pool must not cap them: the
 # caller bounds concurrency (the bridge's IVA_MAX_TURNS). httpx's default of 100 would make
 # the 101st busy chat wait for a connection and fail with PoolTimeout.
@@ -77,9 +79,16 @@ class EveClient:
         headers = {"accept": "application/json", "user-agent": "iva-eve-client/0.1"}
         if token:
             headers["authorization"] = f"Bearer {token}"
-        self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport, limits=limits,
-        )
+        def client() -> httpx.AsyncClient:
+            return httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
+                                     transport=transport, limits=limits)
+
+        # Streams get pools of their own: each followed stream holds a connection for the whole
+        # busy period, and httpcore scans every connection of a pool on every request and
+        # release; with 1 000 busy chats in one pool that scan was the top cost
+        # (docs/benchmarks.md, 6). Sessions are spread over STREAM_POOLS pools.
+        self._http = client()
+        self._streams = [client() for _ in range(STREAM_POOLS)]
         self._retry = retry or RetryPolicy()
         self._stream_idle = stream_idle_timeout
         self._on_malformed = on_malformed
@@ -92,6 +101,8 @@ class EveClient:
             raise RuntimeError("EveClient was closed and cannot be reopened")
         self._state = _State.OPENED
         await self._http.__aenter__()
+        for pool in self._streams:
+            await pool.__aenter__()
         return self
 
     async def __aexit__(
@@ -106,6 +117,8 @@ class EveClient:
         if self._state is not _State.CLOSED:
             self._state = _State.CLOSED
             await self._http.aclose()
+            for pool in self._streams:
+                await pool.aclose()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -131,6 +144,9 @@ class EveClient:
         if not isinstance(body, dict):
             raise EveProtocolError(f"{route}: answer is not a JSON object", route=route)
         return response, body
+
+    def _stream_pool(self, session_id: str) -> httpx.AsyncClient:
+        return self._streams[zlib.crc32(session_id.encode()) % len(self._streams)]
 
     @staticmethod
     def _sid(session_id: str) -> str:
@@ -311,6 +327,7 @@ class _StreamContext:
 
     def __init__(self, client: EveClient, session_id: str, start: int, follow: bool, idle: float | None):
         self._client = client
+        self._session_id = session_id
         self._path = f"/eve/v1/session/{client._sid(session_id)}/stream"
         self._params = client._params(start, follow)
         self._start = start
@@ -318,7 +335,7 @@ class _StreamContext:
         self._cm: Any = None
 
     async def __aenter__(self) -> tuple[int, AsyncIterator[bytes], int | None]:
-        http = self._client._http
+        http = self._client._stream_pool(self._session_id)
         timeout = httpx.Timeout(http.timeout.connect or 5.0, read=self._idle, connect=http.timeout.connect)
         request = http.build_request("GET", self._path, params=self._params, timeout=timeout)
         try:
