@@ -43,7 +43,7 @@ ClientContext = str | Sequence[str] | Mapping[str, Any]
 
 DEFAULT_TIMEOUT = httpx.Timeout(15.0, connect=5.0)
 DEFAULT_STREAM_IDLE = 120.0
-STREAM_POOLS = 16  # connection pools the followed streams are spread over (by session id)
+POOLS = 16  # connection pools the sessions are spread over (by session id)
 # A followed stream holds its connection for a whole turn, so the pool must not cap them: the
 # caller bounds concurrency (the bridge's IVA_MAX_TURNS). httpx's default of 100 would make
 # the 101st busy chat wait for a connection and fail with PoolTimeout.
@@ -83,12 +83,13 @@ class EveClient:
             return httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
                                      transport=transport, limits=limits)
 
-        # Streams get pools of their own: each followed stream holds a connection for the whole
-        # busy period, and httpcore scans every connection of a pool on every request and
-        # release; with 1 000 busy chats in one pool that scan was the top cost
-        # (docs/benchmarks.md, 6). Sessions are spread over STREAM_POOLS pools.
-        self._http = client()
-        self._streams = [client() for _ in range(STREAM_POOLS)]
+        # Sessions are spread over POOLS connection pools: each followed stream holds a
+        # connection for the whole busy period, and httpcore scans every connection of a pool on
+        # every request and release; with 1 000 busy chats in one pool that scan was the top
+        # cost (docs/benchmarks.md, 6). One session's calls and stream share a pool, so a
+        # stream can reuse the connection its send just freed.
+        self._pools = [client() for _ in range(POOLS)]
+        self._http = self._pools[0]
         self._retry = retry or RetryPolicy()
         self._stream_idle = stream_idle_timeout
         self._on_malformed = on_malformed
@@ -100,8 +101,7 @@ class EveClient:
         if self._state is _State.CLOSED:
             raise RuntimeError("EveClient was closed and cannot be reopened")
         self._state = _State.OPENED
-        await self._http.__aenter__()
-        for pool in self._streams:
+        for pool in self._pools:
             await pool.__aenter__()
         return self
 
@@ -116,15 +116,14 @@ class EveClient:
     async def aclose(self) -> None:
         if self._state is not _State.CLOSED:
             self._state = _State.CLOSED
-            await self._http.aclose()
-            for pool in self._streams:
+            for pool in self._pools:
                 await pool.aclose()
 
     # -- plumbing ---------------------------------------------------------------------------
 
     async def _once(self, method: str, path: str, route: str, json: Any = None) -> httpx.Response:
         try:
-            response = await self._http.request(method, path, json=json)
+            response = await self._pool_of(path).request(method, path, json=json)
         except httpx.HTTPError as exc:
             raise map_transport(exc, route) from exc
         if response.status_code >= 400:
@@ -145,8 +144,13 @@ class EveClient:
             raise EveProtocolError(f"{route}: answer is not a JSON object", route=route)
         return response, body
 
-    def _stream_pool(self, session_id: str) -> httpx.AsyncClient:
-        return self._streams[zlib.crc32(session_id.encode()) % len(self._streams)]
+    def _pool(self, session_id: str) -> httpx.AsyncClient:
+        return self._pools[zlib.crc32(session_id.encode()) % len(self._pools)]
+
+    def _pool_of(self, path: str) -> httpx.AsyncClient:
+        """/eve/v1/session/<id>/... goes to that session's pool; the rest to the first."""
+        parts = path.split("/", 5)
+        return self._pool(parts[4]) if len(parts) > 4 and parts[3] == "session" and parts[4] else self._http
 
     @staticmethod
     def _sid(session_id: str) -> str:
@@ -335,7 +339,7 @@ class _StreamContext:
         self._cm: Any = None
 
     async def __aenter__(self) -> tuple[int, AsyncIterator[bytes], int | None]:
-        http = self._client._stream_pool(self._session_id)
+        http = self._client._pool(self._session_id)
         timeout = httpx.Timeout(http.timeout.connect or 5.0, read=self._idle, connect=http.timeout.connect)
         request = http.build_request("GET", self._path, params=self._params, timeout=timeout)
         try:
