@@ -192,17 +192,16 @@ class Chat:
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Chat:
         """One column per field, of the same name; flags are stored as 0/1."""
-        values: dict[str, object] = {}
-        for f in dataclasses.fields(cls):
-            value = row[f.name]
-            if f.name == "status":
-                value = ChatStatus(value)
-            elif f.name == "deliveries":
-                value = tuple(json.loads(value))
-            elif f.type == "bool":
-                value = bool(value)
-            values[f.name] = value
-        return cls(**values)  # type: ignore[arg-type]
+        values = {name: row[name] for name in _CHAT_FIELDS}
+        for name in _CHAT_FLAGS:
+            values[name] = bool(values[name])
+        values["status"] = ChatStatus(values["status"])
+        values["deliveries"] = tuple(json.loads(values["deliveries"]))
+        return cls(**values)
+
+
+_CHAT_FIELDS = tuple(f.name for f in dataclasses.fields(Chat))
+_CHAT_FLAGS = tuple(f.name for f in dataclasses.fields(Chat) if f.type == "bool")
 
 
 @dataclass(frozen=True, slots=True)
