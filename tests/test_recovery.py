@@ -137,6 +137,8 @@ async def test_kill_during_auto_compaction_that_is_lost(tg, fake_eve, daemon_fac
     fake_eve.summary_delay = 600
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
     await tg.wait_for(chat_is(d, status="busy", kind="compact"), 20, "compacting")
+    # Killed once eve has the request (before it, the compaction never started: see R3's other path).
+    await tg.wait_for(lambda: fake_eve.routes("compact"), 10, "the compact request at eve")
     await d.kill()
     await d.start()
     await tg.wait_for(chat_is(d, status="idle", reset_mark=1), 20, "freed")
