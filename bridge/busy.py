@@ -318,6 +318,7 @@ class BusyPeriod:
             return False
         if isinstance(result, eve.Accepted) and result.accepted:
             c.acked = True
+            await self._cancel_compaction()  # a message asked for it before eve had the compaction
             return False
         if isinstance(result, eve.Accepted) or isinstance(result, _GONE):
             await self.w.lost(f"compact: {result}")
@@ -335,6 +336,7 @@ class BusyPeriod:
             case eve.CompactionRequested():
                 c.requested = True
                 c.acked = True  # eve announced it: accepted, whatever the HTTP answer says
+                await self._cancel_compaction()
                 if c.released:
                     # C6: the late acceptance came after all; take the chat again until it waits.
                     if await self.s.store.capture(self.address, kind="compact", origin=c.origin,
@@ -343,7 +345,7 @@ class BusyPeriod:
                         logger.info("compaction_chat_recaptured")
             case eve.CompactionCompleted():
                 c.completed = True
-            case eve.SessionWaiting() if c.requested or c.cancelled:
+            case eve.SessionWaiting() if c.requested or c.cancel_sent:
                 await self._finish(ok=c.completed and not c.cancelled)
                 return True
             case eve.TurnStarted():
@@ -400,17 +402,25 @@ class BusyPeriod:
                 # that consumer's stream.
                 return chat.busy or bool(await self.s.queue.depth(self.address))
             if self.s.settings.turn_policy == "immediate" and not c.cancelled and await self.s.queue.depth(self.address):
-                # C4: a message interrupts the compaction; eve does not let it, so we cancel it.
+                # C4: a message interrupts the compaction; eve does not let it, so we cancel it —
+                # once eve has it: a cancel that overtakes the compact request would cancel nothing.
                 c.cancelled = True
-                logger.info("compaction_interrupted_by_message", origin=c.origin)
-                try:
-                    await self.s.eve.cancel(self.session)
-                except eve.EveError as exc:
-                    logger.warning("compaction_cancel_failed", error=str(exc))
+                logger.info("compaction_interrupted_by_message", origin=c.origin, eve_has_it=c.acked or c.requested)
+                await self._cancel_compaction()
             return False
         if chat.kind == "turn" and (self.waiting_input or self.s.settings.turn_policy == "immediate"):
             return await self._steer(chat)
         return False
+
+    async def _cancel_compaction(self) -> None:
+        c = self.compaction
+        if c is None or not c.cancelled or c.cancel_sent or not (c.acked or c.requested):
+            return
+        c.cancel_sent = True
+        try:
+            await self.s.eve.cancel(self.session)
+        except eve.EveError as exc:
+            logger.warning("compaction_cancel_failed", error=str(exc))
 
     async def _show_prompts(self, event: eve.InputRequested) -> None:
         """T5: each question or approval as a message with its options as inline buttons."""

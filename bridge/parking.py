@@ -79,3 +79,4 @@ class Compacting:
     completed: bool = False
     released: bool = False  # the chat was let go because eve did not answer in time (C6)
     cancelled: bool = False
+    cancel_sent: bool = False  # C4: eve got our cancel (it is sent once eve has the compaction)

@@ -88,6 +88,23 @@ async def test_messages_during_compaction_get_one_notice_and_wait(tg, fake_eve, 
     assert route_order(fake_eve) == ["send:big", "compact", "send:one"]
 
 
+async def test_a_message_before_eve_accepted_the_compaction_still_interrupts_it(tg, fake_eve, daemon_factory):
+    """C4, the narrow case: the message comes while the compact request is still on its way; a
+    cancel sent then would cancel nothing, so it is sent the moment eve has the compaction."""
+    fake_eve.summary_delay = 10
+    fake_eve.compact_ack_delay = 1.5
+    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_TURN_POLICY="immediate")
+    await d.start()
+    await tg.message("big [[tokens=120000]]", user_id=OWNER)
+    await tg.wait_for(lambda: (c := d.chat(A)) and compacting(c), 20, "compacting")
+    started = time.monotonic()
+    await tg.message("right now", user_id=OWNER)
+    await tg.wait_texts(2, timeout=20)
+    assert time.monotonic() - started < 6  # the ack delay, not the 10 s summary
+    assert tg.texts() == ["echo: big", "echo: right now"]
+    assert route_order(fake_eve) == ["send:big", "compact", "cancel", "send:right"]
+
+
 async def test_immediate_policy_interrupts_the_compaction(tg, fake_eve, daemon_factory):
     """C4: with the immediate policy a message cancels the compaction and is answered at once."""
     fake_eve.summary_delay = 10
