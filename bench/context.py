@@ -63,6 +63,11 @@ def start_eve(run_dir: Path, mcp_listen: str) -> dict[str, str]:
     env = {**os.environ, "EVE_PORT": str(free_port()), "FAKE_LLM_PORT": str(free_port()),
            "EVE_PEER_RUN_DIR": str(run_dir), "EVE_CONTEXT_WINDOW": str(WINDOW), "EVE_COMPACTION_THRESHOLD": "0.9",
            "NOTEBOOK_MCP_URL": f"http://{mcp_listen}/mcp"}
+    # setup.sh is idempotent (0 s when eve-peer is installed), so a clean clone needs nothing else.
+    setup = subprocess.run(["bash", str(EVE_PEER / "setup.sh")], capture_output=True, text=True, timeout=900,
+                           stdin=subprocess.DEVNULL)
+    if setup.returncode != 0:
+        raise SystemExit(f"eve-peer setup failed:\n{setup.stdout}\n{setup.stderr}")
     done = subprocess.run(["bash", str(EVE_PEER / "start.sh")], env=env, capture_output=True, text=True,
                           timeout=600, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
