@@ -113,6 +113,23 @@ class Daemon:
             await asyncio.wait_for(self.proc.wait(), 60)
 
 
+async def stack(chats: int, **env: str) -> tuple[FakeTelegram, FakeEve, Daemon, Path, list[int]]:
+    """The fakes on loopback and a daemon (not started) that lets ``chats`` users (ids 100…) talk."""
+    tg, eve = FakeTelegram(), FakeEve()
+    await tg.start()
+    await eve.start()
+    state = tmpdir()
+    users = [100 + c for c in range(chats)]
+    daemon = Daemon(tg, eve, state, IVA_ALLOWED_USER_IDS=",".join(map(str, users)), **env)
+    return tg, eve, daemon, state, users
+
+
+async def teardown(daemon: Daemon, tg: FakeTelegram, eve: FakeEve) -> None:
+    await daemon.stop()
+    await tg.stop()
+    await eve.stop()
+
+
 def machine() -> dict[str, Any]:
     return {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

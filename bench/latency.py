@@ -15,7 +15,18 @@ import asyncio
 import statistics
 import time
 
-from bench.common import Daemon, FakeEve, FakeTelegram, dist_ms, fsync_commit_baseline, save, table, tmpdir
+from bench.common import (
+    Daemon,
+    FakeEve,
+    FakeTelegram,
+    dist_ms,
+    fsync_commit_baseline,
+    save,
+    stack,
+    table,
+    teardown,
+    tmpdir,
+)
 
 
 async def measure(tg: FakeTelegram, eve: FakeEve) -> tuple[list[float], list[float]]:
@@ -75,9 +86,7 @@ async def sequential(turns: int, chats: int, profile: str | None = None) -> dict
         ingest, deliver = await measure(tg, eve)
         rss = daemon.rss_peak_kb()
     finally:
-        await daemon.stop()
-        await tg.stop()
-        await eve.stop()
+        await teardown(daemon, tg, eve)
     baseline = fsync_commit_baseline(state)
     return {"turns": per_chat * chats, "chats": chats, "wall_s": round(wall, 2),
             "cpu_ms_per_turn": round(cpu * 1000 / (per_chat * chats), 3), "rss_peak_mb": round(rss / 1024, 1),
@@ -86,12 +95,7 @@ async def sequential(turns: int, chats: int, profile: str | None = None) -> dict
 
 
 async def scale(chats: int, rounds: int, profile: str | None = None) -> dict:
-    tg, eve = FakeTelegram(), FakeEve()
-    await tg.start()
-    await eve.start()
-    state = tmpdir()
-    users = [100 + c for c in range(chats)]
-    daemon = Daemon(tg, eve, state, IVA_ALLOWED_USER_IDS=",".join(map(str, users)), IVA_MAX_TURNS="64")
+    tg, eve, daemon, _, users = await stack(chats, IVA_MAX_TURNS="64")
     await daemon.start(profiled(profile))
     waits: dict[int, list[float]] = {u: [] for u in users}
     try:
@@ -109,9 +113,7 @@ async def scale(chats: int, rounds: int, profile: str | None = None) -> dict:
         rss = daemon.rss_peak_kb()
         ingest, deliver = await measure(tg, eve)
     finally:
-        await daemon.stop()
-        await tg.stop()
-        await eve.stop()
+        await teardown(daemon, tg, eve)
     all_waits = [w for ws in waits.values() for w in ws]
     median = statistics.median(all_waits)
     worst = max(statistics.fmean(ws) for ws in waits.values())
@@ -131,12 +133,7 @@ async def active(chats: int, spread: float, eve_delay: float, rounds: int, profi
     while it holds ``chats`` busy chats (open streams, typing, records)."""
     import random
 
-    tg, eve = FakeTelegram(), FakeEve()
-    await tg.start()
-    await eve.start()
-    state = tmpdir()
-    users = [100 + c for c in range(chats)]
-    daemon = Daemon(tg, eve, state, IVA_ALLOWED_USER_IDS=",".join(map(str, users)), IVA_MAX_TURNS=str(chats))
+    tg, eve, daemon, _, users = await stack(chats, IVA_MAX_TURNS=str(chats))
     await daemon.start(profiled(profile))
     rng = random.Random(7)
     peak_busy = 0
@@ -158,9 +155,7 @@ async def active(chats: int, spread: float, eve_delay: float, rounds: int, profi
         rss = daemon.rss_peak_kb()
         ingest, deliver = await measure(tg, eve)
     finally:
-        await daemon.stop()
-        await tg.stop()
-        await eve.stop()
+        await teardown(daemon, tg, eve)
     added = [a + b for a, b in zip(sorted(ingest), sorted(deliver), strict=False)]
     return {"mode": "active", "chats": chats, "rounds": rounds, "spread_s": spread, "eve_delay_s": eve_delay,
             "turns": chats * rounds, "turns_in_flight_at_peak": peak_busy, "wall_s": round(wall, 1),

@@ -88,11 +88,11 @@ async def test_messages_during_compaction_get_one_notice_and_wait(tg, fake_eve, 
     assert route_order(fake_eve) == ["send:big", "compact", "send:one"]
 
 
-async def test_a_message_before_eve_accepted_the_compaction_still_interrupts_it(tg, fake_eve, daemon_factory):
-    """C4, the narrow case: the message comes while the compact request is still on its way; a
-    cancel sent then would cancel nothing, so it is sent the moment eve has the compaction."""
+async def _interrupt(tg, fake_eve, daemon_factory, *, ack_delay: float = 0.0):
+    """A message during an auto compaction (immediate policy); returns the daemon and how long
+    the message waited for its answer."""
     fake_eve.summary_delay = 10
-    fake_eve.compact_ack_delay = 1.5
+    fake_eve.compact_ack_delay = ack_delay
     d = daemon_factory(fake_eve.url, fake_eve.token, IVA_TURN_POLICY="immediate")
     await d.start()
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
@@ -100,24 +100,23 @@ async def test_a_message_before_eve_accepted_the_compaction_still_interrupts_it(
     started = time.monotonic()
     await tg.message("right now", user_id=OWNER)
     await tg.wait_texts(2, timeout=20)
-    assert time.monotonic() - started < 6  # the ack delay, not the 10 s summary
-    assert tg.texts() == ["echo: big", "echo: right now"]
+    waited = time.monotonic() - started
+    assert tg.texts() == ["echo: big", "echo: right now"]  # C11: no word about the compaction
     assert route_order(fake_eve) == ["send:big", "compact", "cancel", "send:right"]
+    return d, waited
+
+
+async def test_a_message_before_eve_accepted_the_compaction_still_interrupts_it(tg, fake_eve, daemon_factory):
+    """C4, the narrow case: the message comes while the compact request is still on its way; a
+    cancel sent then would cancel nothing, so it is sent the moment eve has the compaction."""
+    _, waited = await _interrupt(tg, fake_eve, daemon_factory, ack_delay=1.5)
+    assert waited < 6  # the ack delay, not the 10 s summary
 
 
 async def test_immediate_policy_interrupts_the_compaction(tg, fake_eve, daemon_factory):
     """C4: with the immediate policy a message cancels the compaction and is answered at once."""
-    fake_eve.summary_delay = 10
-    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_TURN_POLICY="immediate")
-    await d.start()
-    await tg.message("big [[tokens=120000]]", user_id=OWNER)
-    await tg.wait_for(lambda: (c := d.chat(A)) and compacting(c), 20, "compacting")
-    started = time.monotonic()
-    await tg.message("right now", user_id=OWNER)
-    await tg.wait_texts(2, timeout=20)
-    assert time.monotonic() - started < 5  # not after the 10 s summary
-    assert tg.texts() == ["echo: big", "echo: right now"]  # C11: no word about the compaction
-    assert route_order(fake_eve) == ["send:big", "compact", "cancel", "send:right"]
+    d, waited = await _interrupt(tg, fake_eve, daemon_factory)
+    assert waited < 5  # not after the 10 s summary
     await tg.wait_for(lambda: d.chat(A)["status"] == "idle", 20, "idle")
     assert d.chat(A)["compactions"] == 0
 
