@@ -360,10 +360,22 @@ class Ingest:
             text = await self._note_text(notebook, addr, args.split()[0].lower(), lang)
         else:
             text = await self._notebook_text(notebook, addr, lang)
+        if message.chat.type != "private" and notebook is not None and notebook.enabled \
+                and message.from_user.id in self.settings.owner_ids:
+            # A group's notebook is the owner's business: it goes to the owner's private chat.
+            self.spawn(self._notes_privately(message, address, lang, text))
+            return "command"
         # Plain text: a note is shown as written, and a diff's "-"/"+" lines are not list bullets.
         self.spawn(self.sender.say(address.chat_id, address.thread_id, text, reply_to=message.message_id,
                                    markdown=False))
         return "command"
+
+    async def _notes_privately(self, message: Message, address: Address, lang: str, text: str) -> None:
+        assert message.from_user is not None
+        title = message.chat.title or str(address.chat_id)
+        sent = await self.sender.say(message.from_user.id, None, f"{title}\n{text}", markdown=False)
+        note = t("notes_sent_privately" if sent else "notes_start_private", lang)
+        await self.sender.say(address.chat_id, address.thread_id, note, reply_to=message.message_id)
 
     async def _notebook_text(self, notebook: Notebook, addr: str, lang: str) -> str:
         notes = await notebook.notes(addr)

@@ -146,14 +146,17 @@ class Sender:
             logger.info("telegram_reaction_failed", chat_id=chat_id, error=str(exc))
 
     async def say(self, chat_id: int, thread_id: int | None, text: str, *, reply_to: int | None = None,
-                  markdown: bool = True) -> None:
-        """An immediate, non-durable answer (help, status): one try with the same fallbacks."""
+                  markdown: bool = True) -> bool:
+        """An immediate, non-durable answer (help, status): one try with the same fallbacks.
+        False when Telegram would not deliver it (blocked, never started, gone)."""
         try:
             for chunk in render(text, markdown=markdown):
                 await self._send_chunk(chat_id, thread_id, chunk, reply_to)
                 reply_to = None
         except (ChatGone, TelegramBadRequest) as exc:
             logger.info("telegram_say_failed", chat_id=chat_id, error=str(exc))
+            return False
+        return True
 
 
 class Typing:

@@ -95,6 +95,12 @@ _TEXTS: dict[str, dict[Lang, str]] = {
     "notes_hint": {"en": "/notes <name> shows a note with its last change.",
                    "ru": "/notes <имя> покажет заметку и её последнее изменение."},
     "notes_missing": {"en": "There is no note named “{name}”.", "ru": "Заметки «{name}» нет."},
+    "notes_sent_privately": {"en": "I've sent you this chat's notebook in private.",
+                             "ru": "Блокнот этого чата отправила вам в личку."},
+    "notes_start_private": {"en": "The notebook is only shown in private: open a chat with me, press Start, "
+                                  "then ask again.",
+                            "ru": "Блокнот показываю только в личке: откройте чат со мной, нажмите «Старт» и "
+                                  "спросите снова."},
     "notes_changed": {"en": "Last change:", "ru": "Последнее изменение:"},
     "notes_unchanged": {"en": "(no earlier version)", "ru": "(прежней версии нет)"},
     "notes_pinned": {"en": "pinned", "ru": "закреплена"},
