@@ -262,7 +262,8 @@ async def test_sigkill_loses_and_duplicates_nothing_queued(tg, fake_eve, bridge)
 
 
 async def test_stuck_session_is_freed_after_busy_timeout(tg, fake_eve, daemon_factory):
-    """R2/R3 basic: a session that makes no progress frees the chat; the person is asked to repeat."""
+    """R2/R3 with the fake eve's "stuck" mode (eve restarted mid-turn, PROTOCOL.md §9): a session that
+    makes no progress frees the chat; the person is asked to repeat; the next message gets a new session."""
     d = daemon_factory(fake_eve.url, fake_eve.token, IVA_BUSY_TIMEOUT="2")
     await d.start()
     await tg.message("warm up", user_id=OWNER)
@@ -272,7 +273,7 @@ async def test_stuck_session_is_freed_after_busy_timeout(tg, fake_eve, daemon_fa
     await tg.message("this will hang", user_id=OWNER)
     await tg.wait_texts(2, timeout=20)
     assert time.monotonic() - started >= 1.9
-    assert "repeat" in tg.texts()[1]
+    assert "repeat your last request" in tg.texts()[1]
     fake_eve.stuck = False
     await tg.message("fresh start", user_id=OWNER)
     await tg.wait_texts(3, timeout=20)

@@ -246,22 +246,6 @@ async def test_healthz_and_metrics(tg, fake_eve, bridge):
     assert "iva_compactions_total" in text or "iva_compactions" in text
 
 
-async def test_stuck_eve_session_after_an_eve_restart_is_reset(tg, fake_eve, daemon_factory):
-    """R2/R3 with the fake eve's "stuck" mode (PROTOCOL.md §9): told to repeat, next message in a new session."""
-    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_BUSY_TIMEOUT="3")
-    await d.start()
-    await tg.message("warm up", user_id=OWNER)
-    await tg.wait_texts(1)
-    fake_eve.stuck = True
-    await tg.message("this hangs", user_id=OWNER)
-    await tg.wait_texts(2, timeout=20)
-    assert "repeat your last request" in tg.texts()[1]
-    fake_eve.stuck = False
-    await tg.message("again", user_id=OWNER)
-    await tg.wait_texts(3, timeout=20)
-    assert tg.texts()[2] == "echo: again" and len(fake_eve.sessions) == 2
-
-
 @REAL
 async def test_real_eve_restarted_mid_turn(tg, real_eve, daemon_factory):
     """PROTOCOL.md §9 on the real eve: killed mid-turn and restarted with its state, the session is stuck;

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import eve_client as eve
 
@@ -75,7 +76,7 @@ class Rebuilder:
             except (eve.EveError, TimeoutError) as exc:
                 logger.warning("notes_rebuild_call_failed", address=address, attempt=attempt, error=str(exc))
                 return "eve_failed"  # not the answer's fault: the next turn may try again
-            result = validate_rebuild(notes, answer, now=_now(), limits=limits)
+            result = validate_rebuild(notes, answer, now=time.time(), limits=limits)
             if result.fixes:
                 logger.info("notes_rebuild_fixed", address=address, fixes=result.fixes)
             if result.ok:
@@ -157,8 +158,3 @@ class Rebuilder:
             used += len(line)
         return "\n".join(reversed(lines))
 
-
-def _now() -> float:
-    import time
-
-    return time.time()
