@@ -54,15 +54,39 @@ def profiled(path: str | None) -> list[str] | None:
             sys.executable, "-m", "bridge", "run"]
 
 
-async def sequential(turns: int, chats: int, profile: str | None = None) -> dict:
+def straced(path: str | None) -> list[str] | None:
+    """The daemon under strace counting fsync/fdatasync calls: one per SQLite commit (WAL,
+    synchronous=FULL). Slows only those calls (seccomp-bpf); CPU and latency of such a run are
+    not comparable with a plain run, so ``--commits`` reports only commits per turn."""
+    if not path:
+        return None
+    import sys
+
+    return ["strace", "-f", "-qq", "--seccomp-bpf", "-c", "-e", "trace=fsync,fdatasync", "-o", path,
+            sys.executable, "-m", "bridge", "run"]
+
+
+def strace_calls(path: str) -> int:
+    """The fsync + fdatasync call count from ``strace -c`` output."""
+    from pathlib import Path
+
+    total = 0
+    for line in Path(path).read_text().splitlines():
+        parts = line.split()
+        if parts and parts[-1] in ("fsync", "fdatasync"):
+            total += int(parts[3])
+    return total
+
+
+async def sequential(turns: int, chats: int, profile: str | None = None, commits: str | None = None) -> dict:
     tg, eve = FakeTelegram(), FakeEve()
     await tg.start()
     await eve.start()
     state = tmpdir()
     daemon = Daemon(tg, eve, state, IVA_ALLOWED_USER_IDS=",".join(str(100 + c) for c in range(chats)))
-    await daemon.start(profiled(profile))
+    await daemon.start(profiled(profile) or straced(commits))
     try:
-        per_chat = turns // chats
+        per_chat = turns // chats if turns else 0
 
         async def chat(c: int) -> None:
             user = 100 + c
@@ -89,7 +113,7 @@ async def sequential(turns: int, chats: int, profile: str | None = None) -> dict
         await teardown(daemon, tg, eve)
     baseline = fsync_commit_baseline(state)
     return {"turns": per_chat * chats, "chats": chats, "wall_s": round(wall, 2),
-            "cpu_ms_per_turn": round(cpu * 1000 / (per_chat * chats), 3), "rss_peak_mb": round(rss / 1024, 1),
+            "cpu_ms_per_turn": round(cpu * 1000 / max(1, per_chat * chats), 3), "rss_peak_mb": round(rss / 1024, 1),
             "ingest_to_eve": dist_ms(ingest), "completed_to_telegram": dist_ms(deliver),
             "fsync_commit_baseline": dist_ms(baseline)}
 
@@ -164,6 +188,21 @@ async def active(chats: int, spread: float, eve_delay: float, rounds: int, profi
             "added_latency_sum_p99_ms": dist_ms(added)["p99"]}
 
 
+async def commits_per_turn(turns: int, chats: int) -> dict:
+    """fsync'd commits per one-reply turn: a run with only the warm-up turns, then one with
+    ``turns`` more; the difference over ``turns``."""
+    import tempfile
+    from pathlib import Path
+
+    counts = []
+    for n in (0, turns):
+        out = Path(tempfile.mkdtemp(prefix="iva-strace-")) / "strace.txt"
+        await sequential(n, chats, commits=str(out))
+        counts.append(strace_calls(str(out)))
+    return {"turns": turns, "chats": chats, "fsyncs_baseline": counts[0], "fsyncs_with_turns": counts[1],
+            "commits_per_turn": round((counts[1] - counts[0]) / turns, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=2000)
@@ -174,8 +213,17 @@ def main() -> None:
     parser.add_argument("--active", type=int, default=0, help="chats with a turn in flight at once (benchmark 3)")
     parser.add_argument("--spread", type=float, default=30.0)
     parser.add_argument("--eve-delay", type=float, default=30.0)
+    parser.add_argument("--commits", action="store_true",
+                        help="count fsync'd commits per turn (strace; two runs: start-up only, then --turns)")
     args = parser.parse_args()
-    if args.active:
+    if args.commits:
+        result = asyncio.run(commits_per_turn(args.turns, args.chats))
+        path = save("commits", result)
+        rows = [("metric", "value"), ("turns", str(result["turns"])),
+                ("fsyncs: start-up + warm-up run", str(result["fsyncs_baseline"])),
+                ("fsyncs: the same + turns", str(result["fsyncs_with_turns"])),
+                ("commits per one-reply turn", str(result["commits_per_turn"]))]
+    elif args.active:
         result = asyncio.run(active(args.active, args.spread, args.eve_delay, args.rounds, args.profile))
         path = save("scale-active", result)
         a, b = result["ingest_to_eve"], result["completed_to_telegram"]
