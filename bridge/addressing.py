@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiogram.types import Message, User
+from aiogram.types import Message, MessageEntity, User
 
 __all__ = ["Address", "Inbound", "classify"]
 
@@ -45,7 +45,7 @@ class Inbound:
     private: bool
 
 
-def _extract(entity, text: str) -> str:
+def _extract(entity: MessageEntity, text: str) -> str:
     """An entity's text, or "" when its offsets do not fit the text (never raise on input)."""
     try:
         return entity.extract_from(text)

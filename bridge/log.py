@@ -53,4 +53,4 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
 
 
 def get(name: str) -> structlog.stdlib.BoundLogger:
-    return structlog.get_logger(name)
+    return structlog.stdlib.get_logger(name)  # structlog.get_logger, typed for our wrapper_class

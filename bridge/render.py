@@ -58,7 +58,9 @@ def _u16(text: str) -> int:
     return len(text.encode("utf-16-le")) // 2
 
 
-def _split(text: str, entities: list, limit: int) -> list[tuple[str, list]]:
+def _split(
+    text: str, entities: list[telegramify_markdown.MessageEntity], limit: int
+) -> list[tuple[str, list[telegramify_markdown.MessageEntity]]]:
     """Cut at a paragraph, else a line, else a space, else hard; entities are clipped per part."""
     parts: list[tuple[int, int]] = []  # python index ranges
     start = 0
@@ -82,13 +84,13 @@ def _split(text: str, entities: list, limit: int) -> list[tuple[str, list]]:
                     break
         parts.append((start, end))
         start = end
-    out: list[tuple[str, list]] = []
+    out: list[tuple[str, list[telegramify_markdown.MessageEntity]]] = []
     for begin, end in parts:
         piece = text[begin:end]
         if not piece.strip():
             continue
         u_begin, u_end = _u16(text[:begin]), _u16(text[:end])
-        clipped = []
+        clipped: list[telegramify_markdown.MessageEntity] = []
         for e in entities:
             lo, hi = max(e.offset, u_begin), min(e.offset + e.length, u_end)
             if hi > lo:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Mapping, Sequence
 
 from aiogram import Bot
 from aiogram.exceptions import (
@@ -48,19 +49,21 @@ class ChatGone(Exception):
 
 
 def _backoff(attempt: int) -> float:
-    return min(MAX_BACKOFF, 0.5 * 2**attempt) * (1 + random.uniform(0, 0.2))
+    factor: int = 2**attempt  # int ** int is typed Any (a negative power is a float)
+    return min(MAX_BACKOFF, 0.5 * factor) * (1 + random.uniform(0, 0.2))
 
 
 _GONE_MARKERS = ("chat not found", "bot was kicked", "user is deactivated", "message thread not found",
                  "topic_deleted", "have no rights to send", "not enough rights to send")
 
 
-def _keyboard(rows: object) -> InlineKeyboardMarkup | None:
+def _keyboard(rows: Sequence[Sequence[Mapping[str, str]]] | None) -> InlineKeyboardMarkup | None:
+    """An outbox row's markup (JSON: ``[[{"text", "callback_data"}]]``) as Telegram's keyboard."""
     if not rows:
         return None
     return InlineKeyboardMarkup(inline_keyboard=[
         [InlineKeyboardButton(text=b["text"], callback_data=b["callback_data"]) for b in row]
-        for row in rows  # type: ignore[union-attr]
+        for row in rows
     ])
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["Lang", "pick_lang", "t"]
+__all__ = ["DEFAULT_LANG", "LANGS", "Lang", "pick_lang", "t"]
 
 Lang = Literal["ru", "en"]
+LANGS: tuple[Lang, ...] = ("ru", "en")
+DEFAULT_LANG: Lang = "ru"  # IVA_LANG's default, and t()'s for a language we do not speak
 
 _TEXTS: dict[str, dict[Lang, str]] = {
     "start": {
@@ -171,15 +173,25 @@ _TEXTS: dict[str, dict[Lang, str]] = {
 }
 
 
-def t(key: str, lang: Lang, /, **values: object) -> str:
-    text = _TEXTS[key][lang]
+def _as_lang(code: str) -> Lang | None:
+    """``code`` as one of our languages, or None when we do not speak it."""
+    for lang in LANGS:
+        if code == lang:
+            return lang
+    return None
+
+
+def t(key: str, lang: str, /, **values: object) -> str:
+    """The text ``key`` in ``lang``: a plain ``str``, as the store gives it back; one we do not
+    speak (never written by :func:`pick_lang` or the settings) falls back to :data:`DEFAULT_LANG`."""
+    text = _TEXTS[key][_as_lang(lang) or DEFAULT_LANG]
     return text.format(**values) if values else text
 
 
 def pick_lang(language_code: str | None, default: Lang) -> Lang:
     """The user's Telegram language when we speak it, else the operator's default."""
     if language_code:
-        code = language_code.split("-")[0].lower()
-        if code in ("ru", "en"):
-            return code  # type: ignore[return-value]
+        code = _as_lang(language_code.split("-")[0].lower())
+        if code is not None:
+            return code
     return default

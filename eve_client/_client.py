@@ -304,7 +304,7 @@ class EveClient:
             log.info("eve_stream_reconnect", extra={"session_id": session_id, "cursor": cursor})
             await asyncio.sleep(self._retry.backoff(failures))
 
-    def _open(self, session_id: str, start_index: int, *, follow: bool, idle: float | None):
+    def _open(self, session_id: str, start_index: int, *, follow: bool, idle: float | None) -> _StreamContext:
         return _StreamContext(self, session_id, start_index, follow, idle)
 
     async def _parse(

@@ -200,8 +200,10 @@ class TurnFailed(Event):
     @property
     def message(self) -> str:
         details = self.data.get("details")
-        if isinstance(details, Mapping) and isinstance(details.get("message"), str):
-            return details["message"]
+        if isinstance(details, Mapping):
+            message = details.get("message")
+            if isinstance(message, str):
+                return message
         return _text(self.data, "message")
 
 
@@ -363,8 +365,9 @@ def parse_event(line: str | bytes, index: int) -> Event | MalformedLine:
         return MalformedLine(index, text[:300], f"not JSON: {exc}")
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
         return MalformedLine(index, text[:300], "not an event object with a type")
-    meta = raw.get("meta") if isinstance(raw.get("meta"), dict) else {}
-    data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    meta_raw, data_raw = raw.get("meta"), raw.get("data")
+    meta: dict[str, Any] = meta_raw if isinstance(meta_raw, dict) else {}
+    data: dict[str, Any] = data_raw if isinstance(data_raw, dict) else {}
     event_id = meta.get("id")
     if not isinstance(event_id, str) or not event_id:
         return MalformedLine(index, text[:300], "event without meta.id")

@@ -27,8 +27,10 @@ class AgentInfo:
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> AgentInfo:
-        agent = raw.get("agent") if isinstance(raw.get("agent"), Mapping) else {}
-        model = agent.get("model") if isinstance(agent.get("model"), Mapping) else {}
+        agent_raw = raw.get("agent")
+        agent: Mapping[str, Any] = agent_raw if isinstance(agent_raw, Mapping) else {}
+        model_raw = agent.get("model")
+        model: Mapping[str, Any] = model_raw if isinstance(model_raw, Mapping) else {}
         window = model.get("contextWindowTokens")
         return cls(
             model_id=model.get("id") if isinstance(model.get("id"), str) else None,

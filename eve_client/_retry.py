@@ -36,7 +36,8 @@ class RetryPolicy:
 
     def backoff(self, failures: int) -> float:
         """The jittered wait before attempt ``failures + 1`` of a hand-written loop."""
-        base = min(self.max_wait, self.initial_wait * (2 ** max(0, failures - 1)))
+        factor: int = 2 ** max(0, failures - 1)  # int ** int is typed Any (a negative power is a float)
+        base = min(self.max_wait, self.initial_wait * factor)
         return base + random.uniform(0, self.jitter)
 
     def retrying(self, *, idempotent: bool) -> AsyncRetrying:

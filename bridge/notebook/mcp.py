@@ -185,11 +185,11 @@ class McpServer:
                                           pinned=pinned if isinstance(pinned, bool) else None, guard=chat)
             return {"saved": note.name, "created": created, "chars": len(note.body), "pinned": note.pinned}
         if tool == "chat_note_read":
-            note = await nb.note(address, name)
-            if note is None:
+            found = await nb.note(address, name)
+            if found is None:
                 raise NoteError(f"There is no note named '{name}'.")
             nb.mark_read(chat, name)
-            return {"name": note.name, "description": note.description, "body": note.body, "pinned": note.pinned}
+            return {"name": found.name, "description": found.description, "body": found.body, "pinned": found.pinned}
         if tool == "chat_note_delete":
             if not await nb.delete(address, name):
                 raise NoteError(f"There is no note named '{name}'.")
