@@ -32,13 +32,18 @@ async def tg() -> AsyncIterator[FakeTelegram]:
         await fake.stop()
 
 
+FAKE_EVES: dict[str, FakeEve] = {}  # URL → the fake eve serving there (Daemon.settled looks in it)
+
+
 @pytest.fixture
 async def fake_eve() -> AsyncIterator[FakeEve]:
     fake = FakeEve()
     await fake.start()
+    FAKE_EVES[fake.url] = fake
     try:
         yield fake
     finally:
+        FAKE_EVES.pop(fake.url, None)
         await fake.stop()
 
 
@@ -90,6 +95,50 @@ class Daemon:
         conn = sqlite3.connect(self.state / "iva.sqlite3")
         conn.row_factory = sqlite3.Row
         return conn
+
+    def unsettled(self, *, eve: bool = True) -> list[str]:
+        """What the daemon still has to do, as far as the outside can see; [] when nothing."""
+        why = []
+        if not self.tg.all_confirmed():
+            why.append("an update not yet confirmed")
+        if self.tg.in_flight():
+            why.append("a Telegram call being answered")
+        conn = sqlite3.connect(f"file:{self.state / 'iva.sqlite3'}?mode=ro", uri=True)
+        try:
+            for what, sql in (
+                ("a chat busy or waiting for /new", "SELECT count(*) FROM chats WHERE status != 'idle' OR reset_requested"),
+                ("a reply in the outbox", "SELECT count(*) FROM outbox WHERE state = 'pending'"),
+                ("a message in the queue", "SELECT count(*) FROM diskqueue_messages WHERE state IN (0, 1)"),
+            ):
+                if conn.execute(sql).fetchone()[0]:
+                    why.append(what)
+        finally:
+            conn.close()
+        fake = FAKE_EVES.get(self.env["IVA_EVE_URL"]) if eve else None
+        if fake is not None and not fake.quiet():
+            why.append("the fake eve busy")
+        return why
+
+    async def settled(self, timeout: float = 30, *, eve: bool = True) -> None:
+        """Wait until the daemon has nothing left to do: every update confirmed, every chat idle,
+        no reply pending in the outbox, the queue empty, no Telegram call being answered and (with
+        ``eve``) nothing in flight at the fake eve; then once more after its polling loop went round
+        (a nudge), so a task it spawned on the way has started. Proves "nothing more happens"
+        without sleeping. ``eve=False`` for a test that leaves eve busy on purpose (an abandoned
+        compaction still running there)."""
+        why: list[str] = []
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    while why := self.unsettled(eve=eve):
+                        if self._died():
+                            raise AssertionError(f"the daemon exited:\n{self.log.read_text()[-3000:]}")
+                        await asyncio.sleep(0.02)  # polling the condition, not a fixed wait
+                    await self.tg.nudge(timeout)
+                    if not (why := self.unsettled(eve=eve)):
+                        return
+        except TimeoutError:
+            raise AssertionError(f"the daemon did not settle in {timeout} s: {', '.join(why)}") from None
 
     def chat(self, address: str) -> dict[str, Any] | None:
         with self.db() as conn:
@@ -241,6 +290,14 @@ class Backend:
             assert self.real is not None
             self.real.control(next_summary_delay=seconds)
 
+    def running(self, text: str) -> bool:
+        """eve is running the turn of the message ``text`` (the model has it, on the real eve)."""
+        if self.fake is not None:
+            return any(s.running and any(text in str(b.get("message")) for b in s.sends)
+                       for s in self.fake.sessions.values())
+        assert self.real is not None
+        return any(text in str(r.get("latest_user") or r.get("preview")) for r in self.real.llm_requests())
+
 
 REAL = pytest.mark.xdist_group("real_eve")  # every real-eve test on one worker: one eve, less load
 
@@ -250,9 +307,11 @@ async def backend(request) -> AsyncIterator[Backend]:
     if request.param == "fake":
         fake = FakeEve()
         await fake.start()
+        FAKE_EVES[fake.url] = fake
         try:
             yield Backend("fake", fake.url, fake.token, fake, None)
         finally:
+            FAKE_EVES.pop(fake.url, None)
             await fake.stop()
     else:
         real = request.getfixturevalue("real_eve")

@@ -74,14 +74,14 @@ async def test_telegram_fault_storm_loses_nothing(tg, fake_eve, bridge):
     tg.start_storm(0.3, {"sendMessage", "getUpdates"})
     for n in range(12):
         await tg.message(f"storm {n}", user_id=OWNER)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # pacing: the messages arrive over several polls, not in one batch
 
     def done():
         got = " ".join(tg.texts())
         return all(f"storm {n}" in got for n in range(12))
 
     await tg.wait_for(done, 90, "all answered through the storm")
-    await asyncio.sleep(0.5)
+    await bridge.settled(60)  # through the storm too: retries can take a while
     assert tg.storm_hits > 3
     words = " ".join(tg.texts()).replace("echo: ", "").split()
     numbers = [int(w) for w in words if w.isdigit()]

@@ -37,11 +37,11 @@ async def test_soak_with_random_sigkills(tg, fake_eve, daemon_factory):
         sent[user].append(token)
         await tg.message(token, user_id=user)
         if n in kill_at:
-            await asyncio.sleep(rng.uniform(0.0, 0.3))
+            await asyncio.sleep(rng.uniform(0.0, 0.3))  # pacing: a random moment for the kill
             await d.kill()
             await d.start()
         else:
-            await asyncio.sleep(rng.uniform(0.0, 0.03))
+            await asyncio.sleep(rng.uniform(0.0, 0.03))  # pacing: messages arrive all the time
 
     def answered() -> bool:
         got = set()
@@ -50,7 +50,7 @@ async def test_soak_with_random_sigkills(tg, fake_eve, daemon_factory):
         return all(token in got for tokens in sent.values() for token in tokens)
 
     await tg.wait_for(answered, 180, "every message answered")
-    await asyncio.sleep(1.0)
+    await d.settled(60)
     replies = [t for t in tg.texts() if t.startswith("echo: ")]
     duplicates = sum(c - 1 for c in Counter(replies).values() if c > 1)
     assert duplicates <= KILLS, f"{duplicates} duplicated replies for {KILLS} kills"

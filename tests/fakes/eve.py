@@ -129,13 +129,15 @@ class FakeEve:
         self.mcp_results: list[dict[str, Any]] = []
         self.reply_for: Any = None  # text -> reply text or None
         self.creates: list[tuple[float, str]] = []  # (monotonic time, message) of sessions created with one
+        self._in_flight = 0  # requests being answered, streams aside (they stay open by design)
+        self._held: list[web.Request] = []  # sends waiting on release_sends
         self._changed = asyncio.Condition()
         self._ids = itertools.count(1)
         self.runner: web.AppRunner | None = None
         self.url = ""
 
     async def start(self) -> str:
-        app = web.Application()
+        app = web.Application(middlewares=[self._track])
         r = app.router
         r.add_get("/eve/v1/health", self._health)
         r.add_get("/eve/v1/info", self._info)
@@ -161,6 +163,17 @@ class FakeEve:
 
     # -- helpers for tests ------------------------------------------------------------------
 
+    def quiet(self) -> bool:
+        """Nothing in flight: no request being answered (streams aside), no session running a turn
+        or a compaction, no input queued for one."""
+        return self._in_flight == 0 and all(
+            not s.running and s.inputs.empty() and s.steer.empty() for s in self.sessions.values()
+        )
+
+    def held_callers_gone(self) -> int:
+        """How many held sends (``hold_sends``) lost their caller: eve will drop them on release."""
+        return sum(1 for r in self._held if r.transport is None or r.transport.is_closing())
+
     def sends(self) -> list[dict[str, Any]]:
         return [b for m, p, b in self.requests if m == "POST" and p.count("/") == 4 and b is not None]
 
@@ -168,6 +181,16 @@ class FakeEve:
         return [p for m, p, _ in self.requests if p.endswith("/" + name)]
 
     # -- plumbing ---------------------------------------------------------------------------
+
+    @web.middleware
+    async def _track(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.endswith("/stream"):
+            return await handler(request)
+        self._in_flight += 1
+        try:
+            return await handler(request)
+        finally:
+            self._in_flight -= 1
 
     def _auth(self, request: web.Request) -> web.Response | None:
         if request.headers.get("authorization") != f"Bearer {self.token}":
@@ -258,7 +281,11 @@ class FakeEve:
                                      status=400)
         if self.hold_sends:
             self.held += 1
-            await self.release_sends.wait()
+            self._held.append(request)
+            try:
+                await self.release_sends.wait()
+            finally:
+                self._held.remove(request)
             if request.transport is None or request.transport.is_closing():
                 return web.Response(status=499)  # the caller died waiting: eve never took it
         delivery = str(uuid.uuid4())

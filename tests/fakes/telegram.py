@@ -55,14 +55,15 @@ class FakeTelegram:
         # Called (and awaited) inside a method's handler before it answers: crash tests use it
         # to hold a request, or to act at the exact moment Telegram has done the work.
         self.hooks: dict[str, Any] = {}
-        self.files: dict[str, bytes] = {}
+        self.files: dict[str, bytes] = {}  # file_id → bytes, served by getFile and /file/
         self.storm: Any = None  # a random.Random when a fault storm is on
         self.storm_rate = 0.0
         self.storm_methods: set[str] = set()
         self.storm_hits = 0
         self.sent_count = 0
         self.sent_texts: dict[str, float] = {}  # text → first time it was sent (benchmarks)
-        self._sent_event = asyncio.Event()  # file_id → bytes, served by getFile and /file/
+        self._sent_event = asyncio.Event()
+        self._open: list[tuple[str, web.Request]] = []  # calls being answered, getUpdates aside
         self.runner: web.AppRunner | None = None
         self.url = ""
 
@@ -211,6 +212,24 @@ class FakeTelegram:
     def calls_of(self, method: str) -> list[dict[str, Any]]:
         return [c.params for c in self.calls if c.method == method]
 
+    def in_flight(self, method: str | None = None) -> int:
+        """Calls being answered right now (a held hook, a slow handler); getUpdates never counts."""
+        return sum(1 for m, _ in self._open if method is None or m == method)
+
+    def callers_gone(self, method: str) -> int:
+        """Calls still being answered whose caller has gone (killed): they will not be done."""
+        return sum(1 for m, r in self._open if m == method and (r.transport is None or r.transport.is_closing()))
+
+    def all_confirmed(self) -> bool:
+        """The daemon confirmed every update (its offset passed them): each was handled to the end."""
+        return not self.updates or self.confirmed > self.updates[-1]["update_id"]
+
+    async def nudge(self, timeout: float = 15.0) -> None:
+        """An update the bot has nothing to do with, and wait until the daemon confirms it: its
+        polling loop went round after this point (and every earlier update was handled)."""
+        update_id = await self.add_update({})
+        await self.wait_for(lambda: self.confirmed > update_id, timeout, "the daemon to poll past a nudge")
+
     async def wait_for(self, predicate: Any, timeout: float = 15.0, what: str = "condition") -> Any:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -257,6 +276,16 @@ class FakeTelegram:
         method = request.match_info["method"]
         if request.match_info["token"] != TOKEN:
             return web.json_response({"ok": False, "error_code": 401, "description": "Unauthorized"}, status=401)
+        if method == "getUpdates":
+            return await self._answer(request, method)
+        entry = (method, request)
+        self._open.append(entry)
+        try:
+            return await self._answer(request, method)
+        finally:
+            self._open.remove(entry)
+
+    async def _answer(self, request: web.Request, method: str) -> web.StreamResponse:
         params = await self._params(request)
         call = Call(method, params)
         self.calls.append(call)
