@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from tests.conftest import OWNER
@@ -20,7 +18,7 @@ async def test_owner_message_gets_eve_reply(tg, backend, daemon):
     """An owner's private message is answered with eve's reply, exactly once."""
     await tg.message("hello world", user_id=OWNER)
     assert await tg.wait_texts(1, timeout=30) == ["echo: hello world"]
-    await asyncio.sleep(0.5)
+    await daemon.settled()
     assert tg.texts() == ["echo: hello world"]
     chat = daemon.chat(str(OWNER))
     assert chat["status"] == "idle" and chat["eve_session"].startswith("wrun_")
@@ -52,14 +50,12 @@ async def test_immediate_policy_steers_the_running_turn(tg, backend, daemon_fact
     d = daemon_factory(backend.url, backend.token, IVA_TURN_POLICY="immediate")
     await d.start()
     await tg.message("slow one [[delay=3]]", user_id=OWNER)
-    await tg.wait_for(lambda: d.chat(str(OWNER)) and d.chat(str(OWNER))["status"] == "busy", 20, "busy")
-    await asyncio.sleep(0.3)
+    await tg.wait_for(lambda: backend.running("slow one"), 20, "eve running the turn")
     await tg.message("actually, this", user_id=OWNER)
-    texts = await tg.wait_texts(1, timeout=30)
-    await tg.wait_for(lambda: d.chat(str(OWNER))["status"] == "idle", 20, "idle")
+    await tg.wait_texts(1, timeout=30)
+    await d.settled()
     # eve folded the steer into the running turn: one answer, to the latest message.
     assert tg.texts() == ["echo: actually, this"]
-    assert texts
     assert [r["reaction"][0]["emoji"] for r in tg.calls_of("setMessageReaction")] == ["⚡"]
     if backend.fake is not None:
         assert [b["turnPolicy"] for b in backend.fake.sends()] == ["queue", "steer"]
@@ -73,7 +69,7 @@ async def test_restart_replays_the_stream_without_duplicates(tg, backend, daemon
     await daemon.start()
     await tg.message("two", user_id=OWNER)
     await tg.wait_texts(2, timeout=30)
-    await asyncio.sleep(0.5)
+    await daemon.settled()
     assert tg.texts() == ["echo: one", "echo: two"]
 
 
