@@ -17,9 +17,11 @@ from aiogram.exceptions import TelegramNetworkError, TelegramServerError, Telegr
 from aiogram.types import BotCommand, User
 
 import eve_client as eve
-from diskqueue import Database, DiskQueue
 
-from . import log, systemd
+from . import backoff, log, systemd
+from .chat.services import ContextWindow, Services
+from .chat.worker import Scheduler
+from .commands import Commands
 from .config import Settings
 from .http import Listener
 from .ingest import Ingest
@@ -27,9 +29,7 @@ from .metrics import METRICS
 from .notebook import McpServer, Notebook, NotebookConfig, OwnerApi, PressureTexts, Rebuilder
 from .sender import Sender
 from .state import open_state
-from .store import Store
 from .texts import t
-from .worker import Scheduler
 
 __all__ = ["Bridge", "make_bot", "run"]
 
@@ -69,21 +69,21 @@ class Bridge:
             except (TelegramNetworkError, TelegramServerError) as exc:
                 failures += 1
                 logger.warning("telegram_unreachable_at_start", error=str(exc))
-                await asyncio.sleep(min(30.0, 0.5 * 2**failures))
+                await asyncio.sleep(backoff.STARTUP.delay(failures))
 
-    async def _learn_window(self, client: eve.EveClient, scheduler: Scheduler) -> None:
+    async def _learn_window(self, client: eve.EveClient, window: ContextWindow, services: Services) -> None:
         if self.settings.context_window:
             return
         failures = 0
         while True:
             try:
-                scheduler.window = (await client.info()).context_window_tokens
-                logger.info("eve_window_learned", window=scheduler.window, threshold=scheduler.threshold())
+                window.learn((await client.info()).context_window_tokens)
+                logger.info("eve_window_learned", window=window.tokens, threshold=services.threshold())
                 return
             except eve.EveError as exc:
                 failures += 1
                 logger.warning("eve_info_failed", error=str(exc))
-                await asyncio.sleep(min(60.0, 2.0**failures))
+                await asyncio.sleep(backoff.STARTUP.delay(failures))
 
     async def _commands(self, bot: Bot) -> None:
         for lang in ("en", "ru"):
@@ -122,7 +122,6 @@ class Bridge:
             state = await open_state(s.db_path)
             db, queue, store = state.db, state.queue, state.store
             stack.push_async_callback(db.close)
-            requeued = await self._normalise(db, queue, store)
 
             bot = make_bot(s)
             stack.push_async_callback(bot.session.close)
@@ -136,26 +135,18 @@ class Bridge:
             if me is None:
                 logger.info("bridge_stopped_before_ready")
                 return
-            structlog.contextvars.clear_contextvars()
-            logger.info("bridge_starting", bot=me.username, policy=s.turn_policy, state=str(s.db_path),
-                        requeued=requeued)
             sender = Sender(bot, store)
             notebook = Notebook(db, store, notebook_config(s))
             rebuilder = Rebuilder(notebook, store, client)
-            scheduler = Scheduler(settings=s, eve_client=client, queue=queue, store=store,
-                                  sender=sender, spawn=self.spawn, notebook=notebook, rebuilder=rebuilder)
+            services = Services.build(settings=s, eve_client=client, store=store, queue=queue, sender=sender,
+                                      spawn=self.spawn, notebook=notebook, rebuilder=rebuilder)
+            requeued = await services.transitions.repair_at_start()
+            structlog.contextvars.clear_contextvars()
+            logger.info("bridge_starting", bot=me.username, policy=s.turn_policy, state=str(s.db_path),
+                        requeued=requeued)
+            scheduler = Scheduler(services)
             stack.push_async_callback(scheduler.close)
-
-            async def status_text(address: str, lang: str) -> str:
-                text = await self.status_text(store, queue, scheduler, address, lang)
-                if notebook.enabled:
-                    chat = await store.chat(address)
-                    mode = chat.notes_mode if chat else "inline"
-                    text += "\n" + t("status_notes", lang, n=await notebook.count(address), mode=mode)
-                return text
-
-            ingest = Ingest(bot=bot, me=me, settings=s, queue=queue, store=store, sender=sender,
-                            scheduler=scheduler, status_text=status_text, spawn=self.spawn, notebook=notebook)
+            ingest = Ingest(services=services, me=me, scheduler=scheduler, commands=Commands(services, scheduler))
             routes = [OwnerApi(s.api_token, notebook, store).routes]
             if notebook.enabled:
                 routes.append(McpServer(notebook, store).routes)  # N8: disabled means no tools at all
@@ -173,7 +164,7 @@ class Bridge:
                     self.spawn(sender.say(owner, None, t("state_quarantined", s.lang, path=str(state.quarantined))))
             recovered = await scheduler.recover()
             self.spawn(self._commands(bot))
-            self.spawn(self._learn_window(client, scheduler))
+            self.spawn(self._learn_window(client, services.window, services))
             systemd.notify("READY=1", f"STATUS=serving @{me.username}")
             logger.info("bridge_ready", recovering=recovered)
             try:
@@ -206,37 +197,6 @@ class Bridge:
     async def _stop_watcher(self) -> None:
         await self.stop.wait()
         raise _Shutdown
-
-    async def _normalise(self, db: Database, queue: DiskQueue, store: Store) -> int:
-        """At start: in-flight rows of chats that are not busy go back to the queue."""
-        rows = await db.fetchall(
-            "SELECT DISTINCT m.address FROM diskqueue_messages m LEFT JOIN chats c ON c.address = m.address "
-            "WHERE m.state = 1 AND (c.status IS NULL OR c.status != 'busy')"
-        )
-        count = 0
-        for row in rows:
-            count += await queue.requeue_inflight(row["address"])
-        return count
-
-    async def status_text(self, store: Store, queue: DiskQueue, scheduler: Scheduler, address: str, lang: str) -> str:
-        """M8: session, last measurement vs threshold, parking on/off, busy state, queue length."""
-        chat = await store.chat(address)
-        queued = await queue.depth(address)
-        threshold = f"{scheduler.threshold():,}".replace(",", " ")
-        if chat is None:
-            return t("status", lang, session=t("status_no_session", lang), state=t("status_idle", lang),
-                     queued=queued, measure=t("status_unknown", lang), threshold=threshold,
-                     parking=t("status_parking_on", lang))
-        session = chat.eve_session if chat.eve_session and not chat.reset_mark else t("status_no_session", lang)
-        if chat.busy and chat.busy_since:
-            key = "status_compacting" if chat.kind == "compact" else "status_busy"
-            state = t(key, lang, seconds=int(time.time() - chat.busy_since))
-        else:
-            state = t("status_idle", lang)
-        measure = f"{chat.measurement:,}".replace(",", " ") if chat.measurement is not None else t("status_unknown", lang)
-        parking = t("status_parking_off" if chat.compaction_disabled else "status_parking_on", lang)
-        return t("status", lang, session=session, state=state, queued=queued, measure=measure,
-                 threshold=threshold, parking=parking)
 
 
 def notebook_config(settings: Settings) -> NotebookConfig:

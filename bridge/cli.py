@@ -10,7 +10,8 @@ from aiogram.exceptions import TelegramAPIError, TelegramNetworkError, TelegramU
 
 import eve_client as eve
 
-from . import log, parking
+from . import log
+from .chat import parking
 from .config import ConfigError, Settings
 
 __all__ = ["main"]

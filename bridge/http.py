@@ -60,8 +60,7 @@ class Listener:
 
     async def _refresh(self) -> tuple[int, int, int]:
         queued = await self.queue.depth()
-        rows = await self.store.db.fetchall("SELECT kind, count(*) AS n FROM chats WHERE status = 'busy' GROUP BY kind")
-        by_kind = {r["kind"]: r["n"] for r in rows}
+        by_kind = await self.store.busy_by_kind()
         busy = sum(by_kind.values())
         METRICS.queue_depth.set(queued)
         METRICS.busy.set(busy)

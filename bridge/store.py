@@ -17,9 +17,12 @@ from typing import Any
 
 from diskqueue import Database
 
-__all__ = ["SCHEMA_VERSION", "Chat", "ChatStatus", "Outgoing", "Store"]
+from .payloads import Kind, Origin
 
-SCHEMA_VERSION = 4
+__all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "Outgoing",
+           "Store"]
+
+SCHEMA_VERSION = 5
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -139,12 +142,38 @@ _MIGRATIONS: dict[int, str] = {
         PRIMARY KEY (address, label)
     )
     """,
+    # The compaction phase as persisted state (issue 10): what a restart must know of a
+    # compaction that is not in eve's stream — whether the request was sent, accepted, the chat
+    # released (C6), a cancel wanted or sent (C4), and whom a manual one answers (M5).
+    5: """
+    ALTER TABLE chats ADD COLUMN compact_phase TEXT;
+    ALTER TABLE chats ADD COLUMN compact_cancel TEXT;
+    ALTER TABLE chats ADD COLUMN compact_reply_to INTEGER;
+    ALTER TABLE chats ADD COLUMN compact_lang TEXT;
+    ALTER TABLE chats ADD COLUMN after_report INTEGER NOT NULL DEFAULT 0
+    """,
 }
 
 
 class ChatStatus(enum.StrEnum):
     IDLE = "idle"
     BUSY = "busy"
+
+
+class CompactPhase(enum.StrEnum):
+    """Where a compaction of ours stands (None on the record: no compaction)."""
+
+    WANTED = "wanted"  # the chat is held for it; the request is not sent yet
+    POSTED = "posted"  # POST …/compact sent; eve has not answered
+    ACCEPTED = "accepted"  # eve answered accepted or announced it (compaction.requested)
+    RELEASED = "released"  # eve did not answer within the ack window: the chat was let go (C6)
+
+
+class CancelMark(enum.StrEnum):
+    """C4: a message wants the running compaction cancelled."""
+
+    WANTED = "wanted"  # sent once eve has the compaction (a cancel before that cancels nothing)
+    SENT = "sent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +184,8 @@ class Chat:
     lang: str
     eve_session: str | None
     status: ChatStatus
-    kind: str | None
-    origin: str | None
+    kind: Kind | None
+    origin: Origin | None
     cursor: int
     claim: str | None
     deliveries: tuple[str, ...]
@@ -184,6 +213,11 @@ class Chat:
     notes_version: int = 0
     notes_rebuild_failed: int | None = None
     owner_turn: bool = False
+    compact_phase: CompactPhase | None = None
+    compact_cancel: CancelMark | None = None
+    compact_reply_to: int | None = None
+    compact_lang: str | None = None
+    after_report: bool = False
 
     @property
     def busy(self) -> bool:
@@ -196,12 +230,17 @@ class Chat:
         for name in _CHAT_FLAGS:
             values[name] = bool(values[name])
         values["status"] = ChatStatus(values["status"])
+        for name, kind in _CHAT_ENUMS.items():
+            if values[name] is not None:
+                values[name] = kind(values[name])
         values["deliveries"] = tuple(json.loads(values["deliveries"]))
         return cls(**values)
 
 
 _CHAT_FIELDS = tuple(f.name for f in dataclasses.fields(Chat))
 _CHAT_FLAGS = tuple(f.name for f in dataclasses.fields(Chat) if f.type == "bool")
+_CHAT_ENUMS: dict[str, type[enum.StrEnum]] = {"kind": Kind, "origin": Origin, "compact_phase": CompactPhase,
+                                              "compact_cancel": CancelMark}
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +282,8 @@ _CHAT_COLUMNS = frozenset(
         "blocked_reason", "turns", "chat_id", "thread_id", "compact_notified", "compact_before",
         "after_pending", "last_after", "compact_failures", "compact_retry_at", "compactions",
         "waiting_input", "notes_mode", "notes_nudged_upto", "wrap_nudged_upto", "notes_version",
-        "notes_rebuild_failed", "owner_turn",
+        "notes_rebuild_failed", "owner_turn", "compact_phase", "compact_cancel", "compact_reply_to",
+        "compact_lang", "after_report",
     }
 )
 
@@ -280,36 +320,48 @@ class Store:
         return Chat.from_row(row) if row else None
 
     async def update_chat(self, address: str, **fields: Any) -> int:
-        unknown = set(fields) - _CHAT_COLUMNS
+        """Write chat fields; only :mod:`bridge.chat.transitions` calls this (issue 10)."""
+        return await self.update_chat_if(address, {}, **fields)
+
+    async def update_chat_if(self, address: str, guard: dict[str, Any], **fields: Any) -> int:
+        """Write chat fields only where the record matches ``guard`` (column = value, None = NULL);
+        the number of rows changed says whether it applied."""
+        unknown = (set(fields) | set(guard)) - _CHAT_COLUMNS
         if unknown:
             raise ValueError(f"not chat columns: {sorted(unknown)}")
         values = [self._encode(k, v) for k, v in fields.items()]
         assignments = ", ".join(f"{k} = ?" for k in fields)
+        conditions = "".join(f" AND {k} IS NULL" if v is None else f" AND {k} = ?" for k, v in guard.items())
+        guards = [self._encode(k, v) for k, v in guard.items() if v is not None]
         return await self.db.execute(
-            f"UPDATE chats SET {assignments}, updated_at = ? WHERE address = ?",
-            (*values, time.time(), address),
+            f"UPDATE chats SET {assignments}, updated_at = ? WHERE address = ?{conditions}",
+            (*values, time.time(), address, *guards),
         )
 
     @staticmethod
     def _encode(column: str, value: Any) -> Any:
         if column == "deliveries":
-            return json.dumps(list(value))  # type: ignore[arg-type]
+            return json.dumps(list(value))
+        if isinstance(value, bool):
+            return int(value)
         return str(value) if isinstance(value, enum.Enum) else value
 
-    async def capture(self, address: str, **fields: Any) -> bool:
-        """idle → busy, only if the chat is idle now (a guarded update); says whether it applied."""
-        unknown = set(fields) - _CHAT_COLUMNS
-        if unknown:
-            raise ValueError(f"not chat columns: {sorted(unknown)}")
-        now = time.time()
-        fields = {"status": "busy", "busy_since": now, "progress_at": now, **fields}
-        assignments = ", ".join(f"{k} = ?" for k in fields)
-        values = [self._encode(k, v) for k, v in fields.items()]
-        return bool(await self.db.execute(
-            f"UPDATE chats SET {assignments}, updated_at = ? WHERE address = ? AND status = 'idle' "
-            "AND reset_requested = 0",
-            (*values, now, address),
-        ))
+    async def block_chat(self, chat_id: int, reason: str) -> int:
+        """Every address of a Telegram chat (its topics too) is blocked: nothing more is sent."""
+        return await self.db.execute(
+            "UPDATE chats SET blocked = 1, blocked_reason = ?, updated_at = ? WHERE chat_id = ?",
+            (reason[:200], time.time(), chat_id),
+        )
+
+    async def busy_by_kind(self) -> dict[str, int]:
+        rows = await self.db.fetchall("SELECT kind, count(*) AS n FROM chats WHERE status = 'busy' GROUP BY kind")
+        return {str(r["kind"]): int(r["n"]) for r in rows}
+
+    async def released_chats(self) -> list[str]:
+        rows = await self.db.fetchall(
+            "SELECT address FROM chats WHERE status = 'idle' AND compact_phase IS NOT NULL"
+        )
+        return [str(r["address"]) for r in rows]
 
     async def busy_chats(self) -> list[Chat]:
         rows = await self.db.fetchall("SELECT * FROM chats WHERE status = 'busy' ORDER BY busy_since")

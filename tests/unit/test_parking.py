@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bridge.parking import cooldown, in_turn_threshold, parking_decision, threshold
+from bridge.chat.parking import cooldown, in_turn_threshold, parking_decision, threshold
 from bridge.store import Chat, ChatStatus
 
 CHAT = Chat(

@@ -9,14 +9,13 @@ a failed one backs off before the next try, so a broken summarizer never loops (
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from .store import Chat
+from ..store import Chat
 
-__all__ = ["COOLDOWN", "Compacting", "ParkingDecision", "in_turn_threshold", "parking_decision", "threshold"]
+__all__ = ["COOLDOWN", "ParkingDecision", "cooldown", "in_turn_threshold", "parking_decision", "threshold"]
 
 COOLDOWN = (60.0, 300.0, 900.0)  # seconds before the next auto try, by failures in a row
 IN_TURN_PERCENT = 0.75
@@ -64,19 +63,3 @@ def parking_decision(chat: Chat, measurement: int | None, limit: int, *, now: fl
 
 def cooldown(failures: int) -> float:
     return COOLDOWN[min(failures, len(COOLDOWN)) - 1] if failures > 0 else 0.0
-
-
-@dataclass
-class Compacting:
-    """The compaction phase of a busy period, as the consumer follows it."""
-
-    origin: str  # "auto" | "manual"
-    before: int | None
-    post: asyncio.Task[None] | None = None
-    ack_deadline: float | None = None  # loop.time() by which eve must accept (C6)
-    acked: bool = False
-    requested: bool = False
-    completed: bool = False
-    released: bool = False  # the chat was let go because eve did not answer in time (C6)
-    cancelled: bool = False
-    cancel_sent: bool = False  # C4: eve got our cancel (it is sent once eve has the compaction)

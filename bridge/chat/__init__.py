@@ -1,0 +1,43 @@
+"""A chat's life: one state machine, driven by eve's durable stream (R1, R2; DESIGN §1).
+
+::
+
+                 claim_turn                          park: measurement ≥ threshold
+   idle ─────────────────────────► busy(turn) ─────────────────────────► busy(compacting, auto)
+   ▲ ▲ ◄───────────────────────────┘ │  park: below threshold              │  WANTED → POSTED
+   │ │      give_back / fail_turn    │                                     │  → ACCEPTED
+   │ │                               │ session lost / stuck: lose          │  session.waiting:
+   │ │                               ▼  (reset mark, fresh session)        │  finish_compaction
+   │ └────────────── idle + reset mark ◄───────────────────────────────────┤
+   │                                                                       │ ack window passed
+   │  capture_manual (/compact, idle, measured ≥ minimum)                  ▼ (C6): release
+   ├──────────────────────────► busy(compacting, manual) ──────►  released (idle, watched)
+   │  finish_compaction / drop_compaction ◄────┘                           │ compaction.requested:
+   │                                                                       │ recapture → busy(
+   └───────────────────────────────── end_watch / claim_turn ◄─────────────┘  compacting)
+
+   any state ── request_new (/new) ──► reset requested ── new_conversation ──► idle, fresh session
+
+The record (:class:`bridge.store.Chat`) is the one source of truth: status, kind, origin, eve
+session, cursor, claim, deliveries, the compaction phase (``compact_phase``: wanted, posted,
+accepted, released; ``compact_cancel``: wanted, sent) and the marks (reset mark, /new
+requested, C3 notice sent, C8 disabled, waiting on the person). Only :mod:`.transitions` writes
+them, one named transition per transaction, its precondition checked inside.
+
+Modules, in import order (each imports only those below it):
+
+* :mod:`.worker` — the scheduler and one task per address: claim, drive, /new;
+* :mod:`.recovery` — a busy record with no consumer (a restart, a captured /compact) resumed
+  from its cursor; sending a claimed turn;
+* :mod:`.consumer` — the busy period on eve's stream: turn events, steering, prompts, parking;
+* :mod:`.compaction` — the compaction phase: request, ack window, cancel (C4), finish (C7);
+* :mod:`.endings` — lose (R2, R3) and fail, with what the person hears;
+* :mod:`.delivery` and :mod:`.compose` — a turn's messages to eve;
+* :mod:`.services` — the frozen bundle of services the machinery is given;
+* :mod:`.outbox` — durable notices and replies on their way to Telegram;
+* :mod:`.transitions` — every write of a chat's state;
+* :mod:`.parking` — the pure decisions (threshold, C8, back-off).
+
+Recovery is not a second machine: a restart finds busy records and hands each to the same
+consumer from its saved cursor. What a restart cannot read from eve's stream is in the record.
+"""

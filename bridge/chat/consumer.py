@@ -1,0 +1,369 @@
+"""One busy period of a chat, followed on eve's durable stream: a turn, its parking, a compaction.
+
+The consumer reads events from the saved cursor and commits each effect (an outbox row, the
+chat's release, the move into compaction) together with the cursor, through the transitions. A
+restart starts the same consumer from the saved cursor, for a turn and a compaction alike (R1,
+R2): there is one busy record and one procedure.
+
+At the turn's last ``session.waiting`` the parking handler measures and, at or above the
+threshold, moves the chat from busy(turn) to busy(compacting, auto) in the same transaction
+that finishes the turn, so no message slips in between (C1, C2); :mod:`.compaction` follows it
+from there.
+
+The consumer is given the services and the worker's inbox, never the worker: what arrives for
+the chat while it is busy comes as a :data:`POKE` in the inbox, next to the stream's events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import structlog
+
+import eve_client as eve
+
+from .. import log
+from ..metrics import METRICS
+from ..payloads import InputAnswer, Kind, PromptButton, QueuedMessage, decode
+from ..sender import Typing
+from ..store import Chat
+from ..texts import t
+from .compaction import Answer, Compaction
+from .delivery import GONE, Lost, send
+from .endings import lose
+from .services import Services
+from .transitions import Superseded
+
+__all__ = ["POKE", "BusyPeriod"]
+
+logger = log.get("bridge.chat.consumer")
+
+RESUME_GRACE = 10.0
+POKE = object()
+_STREAM_END = object()
+
+
+class BusyPeriod:
+    def __init__(self, s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
+        assert chat.eve_session and chat.busy
+        self.s = s
+        self.inbox = inbox
+        self.address = chat.address
+        self.chat = chat
+        self.claim: str | None = chat.claim
+        self.session = chat.eve_session
+        self.cursor = chat.cursor
+        self.pending = set(chat.deliveries)
+        self.deliveries_known = bool(chat.deliveries)
+        self.turn_ended = False
+        self.prompted = False
+        self.measurement: int | None = None
+        self.compaction = Compaction(s, inbox, chat) if chat.kind is Kind.COMPACT else None
+        self.progress = time.monotonic()
+        timeout = s.settings.busy_timeout
+        if chat.progress_at:
+            # The time since the last persisted progress counts (a restart does not reset it), but
+            # a resumed consumer always gets a moment to read what eve wrote meanwhile.
+            grace = min(timeout, RESUME_GRACE)
+            self.progress -= max(0.0, min(timeout - grace, time.time() - chat.progress_at))
+        self.typing: Typing | None = None
+        self.waiting_input = chat.waiting_input
+        self.usage = [0, 0, 0, 0]  # steps, input, output, cache read: spend not yet committed
+
+    async def _commit_spend(self) -> None:
+        """Inside a transaction that moves the cursor: the usage read up to it, exactly once."""
+        calls, tokens_in, tokens_out, cached = self.usage
+        if calls:
+            await self.s.store.add_spend(self.address, "turns", calls=calls, input_tokens=tokens_in,
+                                         output_tokens=tokens_out, cache_read_tokens=cached)
+            self.usage = [0, 0, 0, 0]
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        structlog.contextvars.bind_contextvars(session=self.session)
+        if self.compaction is None:
+            self.typing = Typing(self.s.sender.bot, self.chat.chat_id, self.chat.thread_id,
+                                 ttl=self.s.settings.busy_timeout)
+            self.typing.start()
+        reader = asyncio.create_task(self._reader(), name=f"stream:{self.address}")
+        started = time.monotonic()
+        try:
+            if self.compaction is not None and self.compaction.phase.value == "wanted":
+                await self.compaction.post()
+            await self._loop()
+        except Superseded as exc:
+            # The record moved on without us (a /new retired the period): nothing more to do here.
+            logger.info("busy_period_superseded", reason=str(exc))
+        finally:
+            if self.typing is not None:
+                await self.typing.stop()
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            # What the reader had queued is dropped; a later consumer starts again from the cursor.
+            while not self.inbox.empty():
+                self.inbox.get_nowait()
+        METRICS.turn_seconds.observe(time.monotonic() - started)
+
+    async def _reader(self) -> None:
+        try:
+            async for event in self.s.eve.stream(self.session, self.cursor):
+                await self.inbox.put(event)
+            await self.inbox.put(_STREAM_END)
+        except eve.EveError as exc:
+            await self.inbox.put(exc)
+
+    def _deadline(self) -> tuple[float, str]:
+        busy_left = self.s.settings.busy_timeout - (time.monotonic() - self.progress)
+        ack_left = self.compaction.ack_left() if self.compaction is not None else None
+        if ack_left is not None and ack_left < busy_left:
+            return ack_left, "ack"
+        return busy_left, "busy"
+
+    async def _loop(self) -> None:
+        while True:
+            remaining, why = self._deadline()
+            try:
+                async with asyncio.timeout(max(0.0, remaining)):
+                    item = await self.inbox.get()
+            except TimeoutError:
+                c = self.compaction
+                if why == "ack" and c is not None:
+                    await c.ack_timeout(self.cursor)
+                    self.claim = None
+                    if await self.s.queue.depth(self.address):
+                        self.inbox.put_nowait(POKE)
+                    continue
+                if c is not None and c.released:
+                    await self.s.transitions.end_watch(self.address)
+                    logger.info("compaction_watch_ended")  # the chat is free already
+                    return
+                logger.warning("busy_timeout", seconds=self.s.settings.busy_timeout)
+                await lose(self.s, self.address, self.claim, "no progress within the busy timeout")
+                return
+            if item is POKE:
+                if await self._on_poke():
+                    return
+                continue
+            if isinstance(item, Answer):
+                if self.compaction is not None and await self.compaction.on_answer(item.result, self.cursor):
+                    return
+                self._sync_claim()
+                continue
+            if item is _STREAM_END:
+                await lose(self.s, self.address, self.claim, "eve closed the session stream")
+                return
+            if isinstance(item, GONE):
+                await lose(self.s, self.address, self.claim, str(item))
+                return
+            if isinstance(item, eve.EveError):
+                METRICS.eve_errors.labels(kind="stream").inc()
+                raise item  # the worker waits and starts over from the cursor
+            assert isinstance(item, eve.Event)
+            self.progress = time.monotonic()
+            self.cursor = item.index + 1
+            if isinstance(item, eve.SessionCompleted | eve.SessionFailed):
+                await lose(self.s, self.address, self.claim, item.type)
+                return
+            if self.compaction is not None:
+                done = await self.compaction.on_event(item, self.cursor)
+                self._sync_claim()
+            else:
+                done = await self._on_turn_event(item)
+            if done:
+                return
+
+    def _sync_claim(self) -> None:
+        if self.compaction is not None:
+            self.claim = self.compaction.claim
+
+    def _owned(self) -> str:
+        if self.claim is None:
+            raise Superseded(f"{self.address}: the chat was released")
+        return self.claim
+
+    # -- the turn ---------------------------------------------------------------------------
+
+    async def _on_turn_event(self, event: eve.Event) -> bool:
+        s, chat, tr = self.s, self.chat, self.s.transitions
+        claim = self._owned()
+        match event:
+            case eve.MessageCompleted() if event.message.strip():
+                async with s.store.db.transaction():
+                    await s.store.put_outgoing(self.address, event.id, chat.chat_id, chat.thread_id, event.message)
+                    await tr.advance(self.address, claim, self.cursor)
+                    await self._commit_spend()
+                if self.typing is not None and event.finish_reason == "stop":
+                    await self.typing.stop()  # never after the final send (LESSONS #12)
+                await s.outbox.flush(self.address)
+            case eve.TurnStarted() | eve.StepStarted():
+                if self.typing is not None:
+                    self.typing.start()
+            case eve.StepCompleted():
+                usage = event.usage
+                if usage is not None and usage.input_tokens is not None:
+                    self.measurement = usage.input_tokens
+                if usage is not None:
+                    self.usage[0] += 1
+                    self.usage[1] += usage.input_tokens or 0
+                    self.usage[2] += usage.output_tokens or 0
+                    self.usage[3] += usage.cache_read_tokens or 0
+            case eve.CompactionRequested():
+                logger.info("eve_in_turn_compaction", estimate=event.usage_input_tokens)  # eve's, not ours
+            case eve.CompactionCompleted():
+                await tr.in_turn_compacted(self.address, claim, self.cursor)
+            case eve.InputRequested():
+                await self._show_prompts(event, claim)
+            case eve.TurnWaiting() if event.on == "input":
+                # T5: the turn cannot end until the person answers; their next message goes at once.
+                self.waiting_input = True
+                await tr.waiting_on_person(self.address, claim, waiting=True, cursor=self.cursor)
+                if self.typing is not None:
+                    await self.typing.stop()
+            case eve.InputResolved():
+                await s.store.close_prompts(self.session, event.request_ids)
+            case eve.TurnFailed():
+                logger.warning("eve_turn_failed", code=event.code, error=event.message[:300])
+                METRICS.turns.labels(outcome="failed").inc()
+                async with s.store.db.transaction():
+                    await s.outbox.say(chat, f"failed:{event.id}", t("turn_failed", chat.lang, reason=event.code or "error"))
+                    await tr.advance(self.address, claim, self.cursor)
+                    await self._commit_spend()
+                await s.outbox.flush(self.address)
+        if self.waiting_input and (isinstance(event, eve.StepStarted | eve.InputResolved) or event.terminal):
+            self.waiting_input = False
+            await tr.waiting_on_person(self.address, claim, waiting=False)
+        if event.terminal:
+            if self.prompted:
+                await s.store.close_prompts(self.session)
+            self.turn_ended = True
+            self.pending.difference_update(event.delivery_ids)
+            if not self.deliveries_known:
+                self.pending.clear()
+        if isinstance(event, eve.SessionWaiting) and self.turn_ended and not self.pending:
+            return await self._park(claim)
+        return False
+
+    async def _park(self, claim: str) -> bool:
+        """The parking handler: release the chat, or move it straight into a compaction (C1, C2)."""
+        s = self.s
+        async with s.store.db.transaction():
+            parked = await s.transitions.park(
+                self.address, claim, cursor=self.cursor, measurement=self.measurement, threshold=s.threshold(),
+                may_compact=not s.requests.outstanding(self.address),
+            )
+            await self._commit_spend()
+            chat = parked.chat
+            if parked.after_before is not None and parked.decision.after is not None:
+                await s.outbox.say(chat, f"after:{self.cursor}:{chat.claim}",
+                                   t("compact_after", chat.lang, after=_n(parked.decision.after),
+                                     before=_n(parked.after_before)))
+        METRICS.turns.labels(outcome="completed").inc()
+        logger.info("turn_finished", measurement=self.measurement, messages=len(parked.inflight),
+                    threshold=s.threshold(), compacting=parked.compaction_claim is not None,
+                    **parked.decision.updates)
+        if parked.after_before is not None:
+            await s.outbox.flush(self.address)
+        if chat.owner_turn and s.rebuilder is not None and s.rebuilder.wanted(self.address):
+            # N7: after the turn, beside the compaction, never in front of the reply (sent already).
+            s.spawn(s.rebuilder.maybe_run(self.address))
+        if parked.compaction_claim is None:
+            return True
+        # busy(turn) → busy(compacting, auto): auto compaction is silent (C11).
+        if self.typing is not None:
+            await self.typing.stop()
+            self.typing = None
+        current = await s.store.chat(self.address)
+        assert current is not None
+        self.claim = parked.compaction_claim
+        self.compaction = Compaction(s, self.inbox, current)
+        await self.compaction.post()
+        return False
+
+    # -- what arrives while busy ------------------------------------------------------------
+
+    async def _on_poke(self) -> bool:
+        """Something arrived for this chat while it is busy. True when this busy period ended."""
+        chat = await self.s.store.chat(self.address)
+        assert chat is not None
+        if chat.reset_requested:
+            return True  # /new: the worker resets (eve's reset cancels a turn or a compaction)
+        c = self.compaction
+        if c is not None:
+            if c.released:
+                # While we only watch, a message (or a /compact that took the free chat) ends the
+                # watch: the worker takes it from here; eve's compaction events then show up in
+                # that consumer's stream.
+                return chat.busy or bool(await self.s.queue.depth(self.address))
+            if self.s.settings.turn_policy == "immediate" and await self.s.queue.depth(self.address):
+                await c.interrupt()  # C4
+            return False
+        if chat.kind is Kind.TURN and (self.waiting_input or self.s.settings.turn_policy == "immediate"):
+            return await self._steer(chat)
+        return False
+
+    async def _show_prompts(self, event: eve.InputRequested, claim: str) -> None:
+        """T5: each question or approval as a message with its options as inline buttons."""
+        chat, store = self.chat, self.s.store
+        async with store.db.transaction():
+            for request in event.requests:
+                prompt_id = await store.add_prompt(self.address, self.session, request.request_id,
+                                                   [o.id for o in request.options])
+                buttons = [{"text": o.label[:60], "callback_data": PromptButton(prompt_id, i).encode()}
+                           for i, o in enumerate(request.options[:12])]
+                rows = [buttons[i:i + 3] for i in range(0, len(buttons), 3)] or None
+                text = request.prompt or t("input_needed", chat.lang)
+                await store.put_outgoing(self.address, f"{event.id}:{request.request_id}", chat.chat_id,
+                                         chat.thread_id, text, markup=rows)
+            await self.s.transitions.advance(self.address, claim, self.cursor)
+        self.prompted = True
+        if self.typing is not None:
+            await self.typing.stop()
+        await self.s.outbox.flush(self.address)
+
+    async def _steer(self, chat: Chat) -> bool:
+        """Messages for a running turn: button answers as inputResponses, texts as a steer (T4, T5)."""
+        s, claim = self.s, self._owned()
+        claimed = await s.queue.claim(self.address, limit=s.settings.batch_size, claim=claim)
+        if not claimed:
+            return False
+        answers = [m for m in claimed if isinstance(decode(m.payload), InputAnswer)]
+        messages = [m for m in claimed if m not in answers]
+        if answers:
+            try:
+                await s.eve.respond(self.session, [
+                    {"requestId": a.request_id, "optionId": a.option_id}
+                    for a in (decode(m.payload) for m in answers) if isinstance(a, InputAnswer)
+                ])
+            except eve.EveError as exc:
+                logger.warning("eve_input_response_failed", error=str(exc))
+                await s.queue.nack([m.id for m in answers], claim=claim)
+        if not messages:
+            return False
+        items = [decode(m.payload) for m in messages]
+        if chat.owner_turn and not all(isinstance(i, QueuedMessage) and i.owner for i in items):
+            # Someone else's words join the owner's turn: from here on it is not the owner's (N1).
+            await s.transitions.turn_shared(self.address, claim)
+        try:
+            delivery = await send(s, self.address, claim, items, policy="steer")
+        except Lost as exc:
+            await lose(s, self.address, claim, str(exc))
+            return True
+        except eve.EveError as exc:
+            logger.warning("eve_steer_failed", error=str(exc))
+            await s.queue.nack([m.id for m in messages], claim=claim)
+            return False
+        if delivery.delivery_id:
+            self.pending.add(delivery.delivery_id)
+        self.turn_ended = False
+        for item in items:
+            if isinstance(item, QueuedMessage):
+                s.spawn(s.sender.react(chat.chat_id, item.message_id, "⚡"))
+        return False
+
+
+def _n(value: int | None) -> str:
+    return "?" if value is None else f"{value:,}".replace(",", " ")

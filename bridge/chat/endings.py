@@ -1,0 +1,47 @@
+"""The ways a busy period ends badly, each a transition with what the person hears (R2, R3)."""
+
+from __future__ import annotations
+
+from .. import log
+from ..metrics import METRICS
+from ..payloads import Kind, Origin, QueuedMessage, decode
+from ..texts import t
+from .services import Services
+
+__all__ = ["fail_turn", "lose"]
+
+logger = log.get("bridge.chat")
+
+
+async def lose(s: Services, address: str, claim: str | None, reason: str) -> None:
+    """The session is gone or stuck: free the chat with the session-reset mark (R2, R3).
+
+    The person whose turn was interrupted is told to repeat it; an interrupted auto compaction
+    is silent; an interrupted /compact asks for /compact again. The next message starts a new
+    session at once, without waiting on a /reset that cannot succeed.
+    """
+    async with s.store.db.transaction():
+        chat, inflight = await s.transitions.lose(address, claim)
+        replied = [m for m in map(decode, (m.payload for m in inflight)) if isinstance(m, QueuedMessage)]
+        if chat.kind is Kind.TURN and inflight:
+            await s.outbox.say(chat, f"lost:{chat.claim}", t("session_lost", chat.lang),
+                               reply_to=replied[-1].message_id if replied else None)
+        elif chat.origin is Origin.MANUAL and chat.kind is not Kind.TURN:
+            await s.outbox.say(chat, f"compact-again:{chat.claim}", t("compact_again", chat.compact_lang or chat.lang),
+                               reply_to=chat.compact_reply_to)
+    if chat.kind is not Kind.TURN:
+        METRICS.compactions.labels(origin=str(chat.origin or Origin.AUTO), outcome="lost").inc()
+    METRICS.turns.labels(outcome="lost").inc()
+    logger.warning("eve_session_lost", reason=reason, session=chat.eve_session, kind=chat.kind)
+    await s.outbox.flush(address)
+
+
+async def fail_turn(s: Services, address: str, claim: str, reason: str) -> None:
+    """eve refused the message itself: say so, free the chat."""
+    async with s.store.db.transaction():
+        chat, inflight = await s.transitions.fail_turn(address, claim)
+        replied = [m for m in map(decode, (m.payload for m in inflight)) if isinstance(m, QueuedMessage)]
+        await s.outbox.say(chat, f"failed:{chat.claim}", t("turn_failed", chat.lang, reason=reason),
+                           reply_to=replied[-1].message_id if replied else None)
+    METRICS.turns.labels(outcome="failed").inc()
+    await s.outbox.flush(address)

@@ -1,0 +1,49 @@
+"""The chat's durable notices and replies on their way out: rows in the outbox, sent by the
+:class:`~bridge.sender.Sender` (T6, T7). A notice written with a transition commits with it, so
+it is sent once even across restarts."""
+
+from __future__ import annotations
+
+from aiogram.exceptions import TelegramBadRequest
+
+from .. import log
+from ..sender import ChatGone, Sender
+from ..store import Chat, Store
+from .transitions import Transitions
+
+__all__ = ["Outbox"]
+
+logger = log.get("bridge.chat.outbox")
+
+
+class Outbox:
+    def __init__(self, store: Store, sender: Sender, transitions: Transitions) -> None:
+        self.store = store
+        self.sender = sender
+        self.transitions = transitions
+
+    async def say(self, chat: Chat, key: str, text: str, *, reply_to: int | None = None) -> None:
+        """A plain-text notice to the chat, keyed (in the caller's transaction, if any)."""
+        await self.store.put_outgoing(chat.address, key, chat.chat_id, chat.thread_id, text, format="plain",
+                                      reply_to=reply_to)
+
+    async def flush(self, address: str) -> None:
+        """Send what is pending for the address, in order; a chat that is gone is marked blocked."""
+        pending = await self.store.pending_outgoing(address)
+        if not pending:
+            return
+        chat = await self.store.chat(address)
+        blocked = chat is not None and chat.blocked
+        for out in pending:
+            if blocked:
+                await self.store.finish_outgoing(out.id, "failed")
+                continue
+            try:
+                await self.sender.deliver(out)
+            except ChatGone as exc:
+                logger.warning("chat_gone", reason=str(exc))
+                await self.transitions.mark_blocked(address, str(exc))
+                return
+            except TelegramBadRequest as exc:
+                logger.error("telegram_rejected_reply", error=exc.message, outbox_id=out.id)
+                await self.store.finish_outgoing(out.id, "failed")

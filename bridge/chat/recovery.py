@@ -1,0 +1,99 @@
+"""A busy record with no live consumer — found at start, or left by a consumer that stopped —
+goes to the same consumer from its saved cursor (R2): one procedure for turns and compactions."""
+
+from __future__ import annotations
+
+import asyncio
+
+import eve_client as eve
+
+from .. import log
+from ..metrics import METRICS
+from ..payloads import Kind, Origin, decode
+from ..store import Chat, CompactPhase
+from ..texts import t
+from .consumer import BusyPeriod
+from .delivery import GONE, Lost, send
+from .endings import fail_turn, lose
+from .services import Services
+
+__all__ = ["drive", "resume"]
+
+logger = log.get("bridge.chat.recovery")
+
+
+async def resume(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
+    """Take a busy record from where it stands."""
+    logger.info("busy_record_resumed", kind=chat.kind, origin=chat.origin, session=chat.eve_session,
+                cursor=chat.cursor, phase=chat.compact_phase)
+    assert chat.claim is not None
+    if chat.kind is Kind.COMPACT:
+        await _resume_compaction(s, inbox, chat)
+        return
+    if not chat.eve_session:
+        await s.transitions.give_back(chat.address, chat.claim)  # claimed, but no session yet: eve never saw it
+        return
+    if chat.kind is not Kind.TURN:
+        await lose(s, chat.address, chat.claim, f"unknown busy kind {chat.kind!r}")
+        return
+    if not chat.deliveries:
+        try:
+            page = await s.eve.read(chat.eve_session, chat.cursor)
+        except GONE as exc:
+            await lose(s, chat.address, chat.claim, str(exc))
+            return
+        if not any(isinstance(e, eve.TurnStarted | eve.MessageReceived) for e in page.events):
+            # Claimed and marked busy, but the send never reached eve: send it now.
+            await drive(s, inbox, chat.address, chat.claim)
+            return
+    await BusyPeriod(s, inbox, chat).run()
+
+
+async def drive(s: Services, inbox: asyncio.Queue[object], address: str, claim: str) -> None:
+    """Send the turn's claimed messages and follow the turn to its end."""
+    messages = await s.queue.inflight(address)
+    if not messages:
+        await s.transitions.give_back(address, claim)
+        return
+    try:
+        await send(s, address, claim, [decode(m.payload) for m in messages], policy="queue")
+    except eve.EveTransportError:
+        await s.transitions.give_back(address, claim)
+        raise
+    except Lost as exc:
+        await lose(s, address, claim, str(exc))
+        return
+    except eve.EveRejected as exc:
+        logger.error("eve_rejected_message", error=str(exc))
+        await fail_turn(s, address, claim, f"eve: {exc.status}")
+        return
+    chat = await s.store.chat(address)
+    assert chat is not None
+    await BusyPeriod(s, inbox, chat).run()
+
+
+async def _resume_compaction(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
+    assert chat.eve_session and chat.claim
+    if chat.compact_phase in (None, CompactPhase.WANTED):
+        # Held for it, never requested (a /compact just captured, or parking's move into it cut by
+        # a restart): eve never had it, so it is requested now.
+        await BusyPeriod(s, inbox, chat).run()
+        return
+    try:
+        page = await s.eve.read(chat.eve_session, chat.cursor)
+    except GONE as exc:
+        await lose(s, chat.address, chat.claim, str(exc))
+        return
+    if any(isinstance(e, eve.CompactionRequested) for e in page.events):
+        await BusyPeriod(s, inbox, chat).run()
+        return
+    # Requested, but eve never began it (and the answer was lost with the process): free the
+    # chat; an auto compaction is silent, a manual one asks for /compact again (R3).
+    async with s.store.db.transaction():
+        await s.transitions.drop_compaction(chat.address, chat.claim)
+        if chat.origin is Origin.MANUAL:
+            await s.outbox.say(chat, f"compact-again:{chat.claim}", t("compact_again", chat.compact_lang or chat.lang),
+                               reply_to=chat.compact_reply_to)
+    METRICS.compactions.labels(origin=str(chat.origin or Origin.AUTO), outcome="not_started").inc()
+    logger.info("compaction_not_started_freed", origin=chat.origin)
+    await s.outbox.flush(chat.address)

@@ -1,0 +1,88 @@
+"""What the chat's machinery is given: one frozen bundle of services, built by the composition
+root (``bridge.app``) and by the in-process test harness alike."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from diskqueue import DiskQueue
+from eve_client import EveClient
+
+from ..config import Settings
+from ..notebook import Notebook, Rebuilder
+from ..sender import Sender
+from ..store import Store
+from . import parking
+from .outbox import Outbox
+from .transitions import Transitions
+
+__all__ = ["CompactRequests", "ContextWindow", "Services"]
+
+
+@dataclass(slots=True)
+class ContextWindow:
+    """The model's context window: from IVA_CONTEXT_WINDOW, or learned from eve at start."""
+
+    tokens: int | None = None
+
+    def learn(self, tokens: int | None) -> None:
+        self.tokens = tokens
+
+
+class CompactRequests:
+    """The compact requests in flight, one per address at most (C5). A request is a process
+    fact: it outlives a busy period (a released compaction) but not the process."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def outstanding(self, address: str) -> bool:
+        task = self._tasks.get(address)
+        return task is not None and not task.done()
+
+    def start(self, address: str, coro: Coroutine[Any, Any, None]) -> None:
+        if self.outstanding(address):
+            coro.close()
+            raise RuntimeError(f"a compact request for {address} is in flight already")
+        self._tasks[address] = asyncio.create_task(coro, name=f"compact:{address}")
+
+    async def close(self) -> None:
+        tasks = [t for t in self._tasks.values() if not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    settings: Settings
+    eve: EveClient
+    store: Store
+    queue: DiskQueue
+    transitions: Transitions
+    sender: Sender
+    outbox: Outbox
+    spawn: Callable[[Coroutine[Any, Any, Any]], object]
+    notebook: Notebook | None = None
+    rebuilder: Rebuilder | None = None
+    window: ContextWindow = field(default_factory=ContextWindow)
+    requests: CompactRequests = field(default_factory=CompactRequests)
+
+    def threshold(self) -> int:
+        s = self.settings
+        return parking.threshold(self.window.tokens, s.compact_percent, s.compact_ceiling)
+
+    @classmethod
+    def build(cls, *, settings: Settings, eve_client: EveClient, store: Store, queue: DiskQueue, sender: Sender,
+              spawn: Callable[[Coroutine[Any, Any, Any]], object], notebook: Notebook | None = None,
+              rebuilder: Rebuilder | None = None) -> Services:
+        notebook = notebook if notebook is not None and notebook.enabled else None
+        transitions = Transitions(store, queue, notebook)
+        return cls(settings=settings, eve=eve_client, store=store, queue=queue, transitions=transitions,
+                   sender=sender, outbox=Outbox(store, sender, transitions), spawn=spawn, notebook=notebook,
+                   rebuilder=rebuilder if notebook is not None else None,
+                   window=ContextWindow(settings.context_window))

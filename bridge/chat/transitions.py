@@ -1,0 +1,489 @@
+"""Every write of a chat's state, each a named transition in one transaction (issue 10).
+
+A transition reads the record, checks its precondition and writes, all inside one ``BEGIN
+IMMEDIATE`` transaction; the transaction is re-entrant, so a caller may add its own effects (an
+outbox row, a spend row) to the same commit. Nothing outside this module writes the state fields
+of a chat (status, kind, origin, session, cursor, claim, deliveries, the compaction phase, the
+marks); ``tests/unit/test_chat_layout.py`` greps for it.
+
+Preconditions come in two sorts:
+
+* **guards** — a race that is normal (a message claimed while /compact took the chat, a
+  recapture after /new): the transition writes nothing and says so (``None`` / ``False``);
+* **ownership** — the consumer of a busy period holds its ``claim``; every write the consumer
+  makes names it, and a record that no longer carries that claim (the period ended, a /new
+  retired it) raises :class:`Superseded`: the caller's view is stale and it must stop. A
+  transition from a state it is not defined for raises :class:`IllegalTransition`.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from diskqueue import DiskQueue, Message, State
+
+from ..payloads import InputAnswer, Kind, Origin, Queued, QueuedMessage, decode
+from ..store import CancelMark, Chat, ChatStatus, CompactPhase, Store
+from . import parking
+
+if TYPE_CHECKING:
+    from ..notebook import Notebook
+
+__all__ = [
+    "FRESH_SESSION",
+    "ChatState",
+    "Claim",
+    "Finished",
+    "IllegalTransition",
+    "Parked",
+    "Superseded",
+    "Transitions",
+    "state_of",
+]
+
+
+class ChatState(enum.StrEnum):
+    """The states of the diagram in :mod:`bridge.chat`, as read from a record."""
+
+    IDLE = "idle"
+    TURN = "turn"
+    COMPACTING = "compacting"
+    RELEASED = "released"  # idle, but a compaction of ours may still start in eve (C6)
+
+
+def state_of(chat: Chat) -> ChatState:
+    if chat.status is ChatStatus.BUSY:
+        return ChatState.COMPACTING if chat.kind is Kind.COMPACT else ChatState.TURN
+    return ChatState.RELEASED if chat.compact_phase is CompactPhase.RELEASED else ChatState.IDLE
+
+
+class IllegalTransition(Exception):
+    """The transition is not defined from the chat's current state."""
+
+
+class Superseded(IllegalTransition):
+    """The busy period this caller follows is over (its claim is not the record's any more)."""
+
+
+# A new eve session starts with nothing measured and nothing disabled: the one definition.
+FRESH_SESSION: Mapping[str, Any] = {
+    "eve_session": None,
+    "cursor": 0,
+    "measurement": None,
+    "compaction_disabled": False,
+    "after_pending": False,
+    "after_report": False,
+    "compact_failures": 0,
+    "compact_retry_at": None,
+}
+
+# busy → idle: what a free chat carries.
+_IDLE: Mapping[str, Any] = {
+    "status": ChatStatus.IDLE,
+    "kind": None,
+    "origin": None,
+    "claim": None,
+    "deliveries": [],
+    "busy_since": None,
+    "owner_turn": False,
+    "waiting_input": False,
+    "compact_phase": None,
+    "compact_cancel": None,
+    "compact_reply_to": None,
+    "compact_lang": None,
+}
+
+
+def _claim_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """idle → busy(turn): the claim id and the messages that make the turn."""
+
+    claim: str
+    session: str | None
+    messages: Sequence[Message]
+    owner: bool
+
+    @property
+    def items(self) -> list[Queued]:
+        return [decode(m.payload) for m in self.messages]
+
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    """What the parking handler decided, with the chat as it was before."""
+
+    chat: Chat
+    inflight: Sequence[Message]
+    decision: parking.ParkingDecision
+    compaction_claim: str | None  # busy(compacting, auto) under this claim, or None: idle
+    after_before: int | None  # M5: a /compact's "before", now that its "after" is known
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    chat: Chat
+    outcome: str  # completed | cancelled | failed
+
+
+@dataclass(slots=True)
+class Transitions:
+    """The transitions of every chat, on the store and the queue."""
+
+    store: Store
+    queue: DiskQueue
+    notebook: Notebook | None = None
+    clock: Any = field(default=time.time)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def _chat(self, address: str) -> Chat:
+        chat = await self.store.chat(address)
+        if chat is None:
+            raise IllegalTransition(f"no chat {address}")
+        return chat
+
+    async def _owned(self, address: str, claim: str | None, *states: ChatState) -> Chat:
+        chat = await self._chat(address)
+        if chat.claim != claim:
+            raise Superseded(f"{address}: claim {claim} is not the record's ({chat.claim})")
+        if state_of(chat) not in states:
+            raise IllegalTransition(f"{address}: {state_of(chat)} is not one of {[str(s) for s in states]}")
+        return chat
+
+    async def _write(self, address: str, *bases: Mapping[str, Any], **fields: Any) -> None:
+        """Write ``fields`` over the field sets ``bases`` (later ones win)."""
+        merged: dict[str, Any] = {}
+        for base in bases:
+            merged.update(base)
+        merged.update(fields)
+        await self.store.update_chat(address, **merged)
+
+    # -- first contact -----------------------------------------------------------------------
+
+    async def touch(self, address: str, chat_id: int, thread_id: int | None, lang: str) -> None:
+        """The chat row exists from the first message on; a new message unblocks it."""
+        await self.store.touch_chat(address, chat_id, thread_id, lang)
+
+    async def mark_blocked(self, address: str, reason: str) -> None:
+        """A send found the chat gone or the bot blocked: nothing more goes to it (until a new
+        message from it unblocks it); what was pending for the chat fails."""
+        async with self.store.db.transaction():
+            chat = await self._chat(address)
+            await self._write(address, blocked=True, blocked_reason=reason[:200])
+            await self.store.fail_outgoing_of_chat(chat.chat_id)
+
+    async def bot_removed(self, chat_id: int, reason: str) -> None:
+        """my_chat_member kicked/left: every address of the Telegram chat (its topics too)."""
+        await self.store.block_chat(chat_id, reason)
+
+    # -- idle → busy(turn) ------------------------------------------------------------------
+
+    async def claim_turn(self, address: str, *, limit: int) -> Claim | None:
+        """idle|released → busy(turn) with the address's next messages; None when there is nothing
+        to claim or the chat is not free (busy, or a /new waits)."""
+        async with self.store.db.transaction():
+            chat = await self.store.chat(address)
+            if chat is None or chat.busy or chat.reset_requested:
+                return None
+            claim = _claim_id()
+            messages = await self.queue.claim(address, limit=limit, claim=claim)
+            stale = [m for m in messages if decode(m.payload).kind == InputAnswer.kind]
+            if stale:
+                # A button pressed after its turn ended: nothing waits for it any more.
+                await self.queue.ack([m.id for m in stale], claim=claim)
+                messages = [m for m in messages if m not in stale]
+            if not messages:
+                return None
+            first = decode(messages[0].payload)
+            owner = isinstance(first, QueuedMessage) and first.owner
+            fields: dict[str, Any] = {"owner_turn": owner}
+            if self.notebook is not None:
+                # N1: the notebook rides only in the owner's turns, so a turn is one kind or the
+                # other: the first message that differs waits for the next turn.
+                cut = next((i for i, m in enumerate(messages)
+                            if bool(getattr(decode(m.payload), "owner", False)) != owner), len(messages))
+                if cut < len(messages):
+                    await self.queue.nack([m.id for m in messages[cut:]], claim=claim)
+                    messages = messages[:cut]
+                if owner:
+                    fields["notes_mode"] = await self.notebook.mode_at_entry(chat)  # N2: fixed for the turn
+            session = None if chat.reset_mark else chat.eve_session
+            now = self.clock()
+            await self._write(address, **{
+                **_IDLE, **(FRESH_SESSION if session is None else {}), **fields,
+                "status": ChatStatus.BUSY, "kind": Kind.TURN, "claim": claim, "busy_since": now,
+                "progress_at": now, "reset_mark": False, "eve_session": session,
+                "cursor": chat.cursor if session else 0,
+            })
+            return Claim(claim=claim, session=session, messages=messages, owner=owner)
+
+    # -- inside a turn ---------------------------------------------------------------------
+
+    async def session_opened(self, address: str, claim: str, session: str) -> None:
+        """busy(turn) without a session → with this new one, read from its start."""
+        async with self.store.db.transaction():
+            chat = await self._owned(address, claim, ChatState.TURN)
+            if chat.eve_session is not None:
+                raise IllegalTransition(f"{address} has a session already")
+            await self._write(address, eve_session=session, cursor=0)
+
+    async def session_dropped(self, address: str, claim: str) -> None:
+        """eve no longer knows the session: the turn goes on in a new one (all fresh)."""
+        async with self.store.db.transaction():
+            await self._owned(address, claim, ChatState.TURN)
+            await self._write(address, FRESH_SESSION)
+
+    async def delivered(self, address: str, claim: str, delivery_id: str | None,
+                        marks: Mapping[str, int] | None = None) -> None:
+        """eve has a message of this turn; the one-shot notebook marks (N6) go with it."""
+        async with self.store.db.transaction():
+            chat = await self._owned(address, claim, ChatState.TURN)
+            known = [*chat.deliveries, delivery_id] if delivery_id else list(chat.deliveries)
+            await self._write(address, deliveries=known, progress_at=self.clock(), **(marks or {}))
+
+    async def advance(self, address: str, claim: str, cursor: int) -> None:
+        """The consumer applied eve's events up to ``cursor`` (effects in the caller's transaction)."""
+        async with self.store.db.transaction():
+            await self._owned(address, claim, ChatState.TURN, ChatState.COMPACTING)
+            await self._write(address, cursor=cursor, progress_at=self.clock())
+
+    async def waiting_on_person(self, address: str, claim: str, *, waiting: bool, cursor: int | None = None) -> None:
+        """T5: the turn waits on the person's answer (or no longer does)."""
+        async with self.store.db.transaction():
+            await self._owned(address, claim, ChatState.TURN)
+            fields: dict[str, Any] = {"waiting_input": waiting}
+            if cursor is not None:
+                fields.update(cursor=cursor, progress_at=self.clock())
+            await self._write(address, fields)
+
+    async def in_turn_compacted(self, address: str, claim: str, cursor: int) -> None:
+        """eve compacted inside the turn: a compaction all the same (the N6 nudge counts it)."""
+        async with self.store.db.transaction():
+            chat = await self._owned(address, claim, ChatState.TURN)
+            await self._write(address, compactions=chat.compactions + 1, cursor=cursor)
+
+    async def turn_shared(self, address: str, claim: str) -> None:
+        """Someone else's words joined the owner's turn: it is not the owner's any more (N1)."""
+        async with self.store.db.transaction():
+            await self._owned(address, claim, ChatState.TURN)
+            await self._write(address, owner_turn=False)
+
+    # -- the ways out of a turn --------------------------------------------------------------
+
+    async def park(self, address: str, claim: str, *, cursor: int, measurement: int | None, threshold: int,
+                   may_compact: bool) -> Parked:
+        """busy(turn) → idle, or straight into busy(compacting, auto) in the same commit (C1, C2)."""
+        async with self.store.db.transaction():
+            chat = await self._owned(address, claim, ChatState.TURN)
+            now = self.clock()
+            decision = parking.parking_decision(chat, measurement, threshold, now=now)
+            inflight = await self._ack_inflight(chat)
+            fields: dict[str, Any] = {**_IDLE, "cursor": cursor, "progress_at": now, "turns": chat.turns + 1,
+                                      **decision.updates}
+            if measurement is not None:
+                fields.update(measurement=measurement, measured_at=now)
+            after_before = None
+            if decision.after is not None and chat.after_report:
+                after_before = chat.compact_before
+                fields["after_report"] = False
+            compaction_claim = None
+            if decision.compact and may_compact:
+                compaction_claim = _claim_id()
+                fields.update(status=ChatStatus.BUSY, kind=Kind.COMPACT, origin=Origin.AUTO, claim=compaction_claim,
+                              busy_since=now, compact_notified=False, compact_before=measurement,
+                              compact_phase=CompactPhase.WANTED)
+            await self._write(address, fields)
+            if chat.eve_session:
+                await self.store.close_prompts(chat.eve_session)
+            return Parked(chat, inflight, decision, compaction_claim, after_before)
+
+    async def give_back(self, address: str, claim: str) -> None:
+        """busy(turn) → idle without a turn (eve never had it): the messages go back to the head."""
+        async with self.store.db.transaction():
+            chat = await self._owned(address, claim, ChatState.TURN)
+            await self.queue.nack([m.id for m in await self.queue.inflight(address)], claim=chat.claim)
+            await self._write(address, _IDLE)
+
+    async def fail_turn(self, address: str, claim: str) -> tuple[Chat, list[Message]]:
+        """busy(turn) → idle: eve refused the message itself; it is done with."""
+        async with self.store.db.transaction():
+            chat = await self._owned(address, claim, ChatState.TURN)
+            inflight = await self._ack_inflight(chat)
+            await self._write(address, _IDLE)
+            return chat, inflight
+
+    async def lose(self, address: str, claim: str | None) -> tuple[Chat, list[Message]]:
+        """any busy state or a released watch → idle with the session-reset mark (R2, R3): the
+        session is gone, stranded or stuck; the next message starts a new one."""
+        async with self.store.db.transaction():
+            chat = await self._owned(address, claim, ChatState.TURN, ChatState.COMPACTING, ChatState.RELEASED)
+            inflight = await self._ack_inflight(chat)
+            await self._write(address, _IDLE, FRESH_SESSION, reset_mark=True)
+            return chat, inflight
+
+    async def _ack_inflight(self, chat: Chat) -> list[Message]:
+        inflight = await self.queue.inflight(chat.address)
+        if inflight:
+            await self.queue.ack([m.id for m in inflight], claim=chat.claim)
+        return inflight
+
+    # -- compactions -----------------------------------------------------------------------
+
+    async def capture_manual(self, address: str, *, before: int, reply_to: int, lang: str) -> str | None:
+        """idle|released → busy(compacting, manual) (M1): the claim, or None if the chat is not
+        free or has nothing to compact."""
+        async with self.store.db.transaction():
+            chat = await self.store.chat(address)
+            if chat is None or chat.busy or chat.reset_requested or not chat.eve_session or chat.reset_mark:
+                return None
+            claim = _claim_id()
+            now = self.clock()
+            await self._write(address, _IDLE, status=ChatStatus.BUSY, kind=Kind.COMPACT, origin=Origin.MANUAL,
+                              claim=claim, busy_since=now, progress_at=now, compact_notified=False,
+                              compact_before=before, compact_phase=CompactPhase.WANTED, compact_reply_to=reply_to,
+                              compact_lang=lang)
+            return claim
+
+    async def compact_posted(self, address: str, claim: str) -> None:
+        """The compact request goes out now (C5: once per compaction)."""
+        async with self.store.db.transaction():
+            chat = await self._owned(address, claim, ChatState.COMPACTING)
+            if chat.compact_phase is not CompactPhase.WANTED:
+                raise IllegalTransition(f"{address}: compaction already {chat.compact_phase}")
+            await self._write(address, compact_phase=CompactPhase.POSTED)
+
+    async def compact_accepted(self, address: str, claim: str) -> None:
+        """eve accepted the request or announced the compaction."""
+        async with self.store.db.transaction():
+            await self._owned(address, claim, ChatState.COMPACTING)
+            await self._write(address, compact_phase=CompactPhase.ACCEPTED)
+
+    async def release(self, address: str, claim: str, cursor: int) -> None:
+        """busy(compacting) → released: eve did not accept within the ack window (C6)."""
+        async with self.store.db.transaction():
+            chat = await self._owned(address, claim, ChatState.COMPACTING)
+            if chat.compact_phase not in (CompactPhase.WANTED, CompactPhase.POSTED):
+                raise IllegalTransition(f"{address}: eve has the compaction ({chat.compact_phase})")
+            origin = chat.origin
+            await self._write(address, _IDLE, cursor=cursor, origin=origin, compact_phase=CompactPhase.RELEASED,
+                              compact_reply_to=chat.compact_reply_to, compact_lang=chat.compact_lang)
+
+    async def recapture(self, address: str) -> str | None:
+        """released → busy(compacting): eve announced the compaction after all (C6). The new claim,
+        or None when the chat is not released any more (a turn or a /new came first)."""
+        async with self.store.db.transaction():
+            chat = await self.store.chat(address)
+            if chat is None or state_of(chat) is not ChatState.RELEASED or chat.reset_requested:
+                return None
+            claim = _claim_id()
+            await self._write(address, status=ChatStatus.BUSY, kind=Kind.COMPACT, claim=claim,
+                              busy_since=self.clock(), progress_at=self.clock(), compact_notified=False,
+                              compact_phase=CompactPhase.ACCEPTED)
+            return claim
+
+    async def end_watch(self, address: str) -> bool:
+        """released → idle: the watch of a released compaction ended without one (C6, C10)."""
+        async with self.store.db.transaction():
+            chat = await self.store.chat(address)
+            if chat is None or state_of(chat) is not ChatState.RELEASED:
+                return False
+            await self._write(address, _IDLE)
+            return True
+
+    async def want_cancel(self, address: str, claim: str) -> bool:
+        """C4: a message wants the compaction cancelled; True the first time."""
+        async with self.store.db.transaction():
+            chat = await self._owned(address, claim, ChatState.COMPACTING)
+            if chat.compact_cancel is not None:
+                return False
+            await self._write(address, compact_cancel=CancelMark.WANTED)
+            return True
+
+    async def cancel_sent(self, address: str, claim: str) -> None:
+        async with self.store.db.transaction():
+            chat = await self._owned(address, claim, ChatState.COMPACTING)
+            if chat.compact_cancel is not CancelMark.WANTED:
+                raise IllegalTransition(f"{address}: no cancel wanted")
+            await self._write(address, compact_cancel=CancelMark.SENT)
+
+    async def notify_compacting(self, address: str) -> bool:
+        """C3: the first message during a compaction gets the notice; True when this one does."""
+        async with self.store.db.transaction():
+            chat = await self.store.chat(address)
+            if chat is None or state_of(chat) is not ChatState.COMPACTING or chat.compact_notified:
+                return False
+            await self._write(address, compact_notified=True)
+            return True
+
+    async def finish_compaction(self, address: str, claim: str | None, *, cursor: int, ok: bool) -> Finished:
+        """busy(compacting) or released → idle (C7): completed, cancelled (C4) or failed."""
+        async with self.store.db.transaction():
+            chat = await self._owned(address, claim, ChatState.COMPACTING, ChatState.RELEASED)
+            now = self.clock()
+            outcome = "completed" if ok else ("cancelled" if chat.compact_cancel is not None else "failed")
+            fields: dict[str, Any] = {**_IDLE, "cursor": cursor, "progress_at": now}
+            if ok:
+                fields.update(after_pending=True, compact_failures=0, compact_retry_at=None,
+                              compactions=chat.compactions + 1, after_report=chat.origin is Origin.MANUAL)
+            elif outcome == "failed" and chat.origin is Origin.AUTO:
+                failures = chat.compact_failures + 1
+                fields.update(compact_failures=failures, compact_retry_at=now + parking.cooldown(failures))
+            await self._write(address, fields)
+            return Finished(chat, outcome)
+
+    async def drop_compaction(self, address: str, claim: str) -> Chat:
+        """busy(compacting) → idle: requested, but eve never began it (the answer was lost with a
+        restart). Not a failure of the summarizer: no back-off counts it (R3)."""
+        async with self.store.db.transaction():
+            chat = await self._owned(address, claim, ChatState.COMPACTING)
+            await self._write(address, _IDLE)
+            return chat
+
+    # -- /new ------------------------------------------------------------------------------
+
+    async def request_new(self, address: str, *, reply_to: int) -> int:
+        """M7: any state → a /new waits; the queued messages are dropped (their number returned)."""
+        async with self.store.db.transaction():
+            chat = await self._chat(address)
+            dropped = await self.queue.drop_queued(address)
+            await self._write(address, reset_requested=True, reset_reply_to=reply_to,
+                              reset_dropped=chat.reset_dropped + dropped)
+            return dropped
+
+    async def new_conversation(self, address: str) -> Chat:
+        """A /new waited → idle in a fresh session (eve's session was reset or left behind)."""
+        async with self.store.db.transaction():
+            chat = await self._chat(address)
+            if not chat.reset_requested:
+                raise IllegalTransition(f"{address}: no /new waits")
+            await self._ack_inflight(chat)
+            await self._write(address, _IDLE, FRESH_SESSION, reset_mark=False, reset_requested=False,
+                              reset_reply_to=None, reset_dropped=0)
+            return chat
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    async def repair_at_start(self) -> int:
+        """Before any worker runs: in-flight messages of chats that are not busy go back to the
+        queue (a crash between claim and busy cannot happen, but an old schema's could), and a
+        released watch is over (no process watches it now; eve's compaction events, if any, show
+        up in the next turn's stream). Returns the number of messages requeued."""
+        async with self.store.db.transaction():
+            busy = {c.address for c in await self.store.busy_chats()}
+            requeued = 0
+            for address in await self.queue.addresses_with(State.INFLIGHT):
+                if address not in busy:
+                    requeued += await self.queue.requeue_inflight(address)
+            for address in await self.store.released_chats():
+                await self._write(address, _IDLE)
+            return requeued
+

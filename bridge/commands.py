@@ -1,0 +1,206 @@
+"""The bot's commands: /new, /compact, /status, /notes, /start, /help (M1-M8, N9).
+
+Ingest hands a command here after deciding who may talk; each command commits its dedupe mark
+(and its transition, for /new and /compact) before it answers, so a redelivered update does
+nothing twice.
+"""
+
+from __future__ import annotations
+
+import difflib
+import time
+from typing import TYPE_CHECKING
+
+from aiogram.types import Message
+
+from . import log
+from .addressing import Address
+from .chat.services import Services
+from .chat.transitions import ChatState, state_of
+from .payloads import Kind
+from .texts import t
+
+if TYPE_CHECKING:
+    from .chat.worker import Scheduler
+
+__all__ = ["Commands"]
+
+logger = log.get("bridge.commands")
+
+
+def _n(value: int) -> str:
+    return f"{value:,}".replace(",", " ")
+
+
+class Commands:
+    def __init__(self, services: Services, scheduler: Scheduler) -> None:
+        self.s = services
+        self.scheduler = scheduler
+        self._compacting: set[str] = set()  # M4: set before the first await of a /compact
+
+    async def handle(self, command: str, message: Message, address: Address, lang: str, key: str,
+                     args: str = "") -> str:
+        if command == "compact":
+            return await self.compact(message, address, lang, key)
+        if command == "notes":
+            return await self.notes(message, address, lang, key, args)
+        if command == "new":
+            return await self.new(message, address, lang, key)
+        if not await self.s.queue.remember(str(address), {"kind": "command", "command": command}, dedupe_key=key):
+            return "duplicate"
+        text = await self.status_text(str(address), lang) if command == "status" else t(command, lang)
+        self.s.spawn(self.s.sender.say(address.chat_id, address.thread_id, text))
+        return "command"
+
+    # -- /new -------------------------------------------------------------------------------
+
+    async def new(self, message: Message, address: Address, lang: str, key: str) -> str:
+        """M7: the worker retires the session (cancelling what runs) and answers."""
+        addr, s = str(address), self.s
+        async with s.store.db.transaction():
+            if not await s.queue.remember(addr, {"kind": "command", "command": "new"}, dedupe_key=key):
+                return "duplicate"
+            await s.transitions.touch(addr, address.chat_id, address.thread_id, lang)
+            dropped = await s.transitions.request_new(addr, reply_to=message.message_id)
+        logger.info("new_requested", dropped=dropped)
+        self.scheduler.wake(addr)
+        return "command"
+
+    # -- /compact ---------------------------------------------------------------------------
+
+    async def compact(self, message: Message, address: Address, lang: str, key: str) -> str:
+        """M1-M5: /compact takes the chat the way parking does, through eve's own route."""
+        addr, s = str(address), self.s
+
+        def reply(text: str) -> None:
+            s.spawn(s.sender.say(address.chat_id, address.thread_id, text, reply_to=message.message_id))
+
+        if addr in self._compacting:
+            reply(t("compact_already", lang))  # M4: the mark is set before the first await
+            return "command"
+        self._compacting.add(addr)
+        try:
+            async with s.store.db.transaction():
+                # The dedupe mark and the capture commit together: a failure leaves neither.
+                if not await s.queue.remember(addr, {"kind": "command", "command": "compact"}, dedupe_key=key):
+                    return "duplicate"
+                chat = await s.store.chat(addr)
+                captured = None
+                if s.requests.outstanding(addr):
+                    text = t("compact_already", lang)  # C5: eve has not answered the last request yet
+                elif chat is not None and chat.busy:
+                    text = t("compact_already" if chat.kind is Kind.COMPACT else "compact_after_answer", lang)
+                elif (chat is None or not chat.eve_session or chat.reset_mark or chat.measurement is None
+                      or chat.measurement < s.settings.manual_compact_min):
+                    text = t("compact_nothing", lang)  # M2: small or unknown
+                else:
+                    captured = await s.transitions.capture_manual(addr, before=chat.measurement,
+                                                                 reply_to=message.message_id, lang=lang)
+                    text = (t("compact_accepted", lang, before=_n(chat.measurement)) if captured
+                            else t("compact_after_answer", lang))  # M3: a turn took the chat first
+        finally:
+            self._compacting.discard(addr)
+        if captured:
+            self.scheduler.wake(addr)
+        reply(text)
+        return "command"
+
+    # -- /status ----------------------------------------------------------------------------
+
+    async def status_text(self, address: str, lang: str) -> str:
+        """M8: session, last measurement vs threshold, parking on/off, busy state, queue length,
+        the notebook's size and mode."""
+        s = self.s
+        chat = await s.store.chat(address)
+        queued = await s.queue.depth(address)
+        threshold = _n(s.threshold())
+        if chat is None:
+            text = t("status", lang, session=t("status_no_session", lang), state=t("status_idle", lang),
+                     queued=queued, measure=t("status_unknown", lang), threshold=threshold,
+                     parking=t("status_parking_on", lang))
+        else:
+            session = chat.eve_session if chat.eve_session and not chat.reset_mark else t("status_no_session", lang)
+            if chat.busy and chat.busy_since:
+                key = "status_compacting" if state_of(chat) is ChatState.COMPACTING else "status_busy"
+                state = t(key, lang, seconds=int(time.time() - chat.busy_since))
+            else:
+                state = t("status_idle", lang)
+            measure = _n(chat.measurement) if chat.measurement is not None else t("status_unknown", lang)
+            parking = t("status_parking_off" if chat.compaction_disabled else "status_parking_on", lang)
+            text = t("status", lang, session=session, state=state, queued=queued, measure=measure,
+                     threshold=threshold, parking=parking)
+        if s.notebook is not None:
+            mode = chat.notes_mode if chat else "inline"
+            text += "\n" + t("status_notes", lang, n=await s.notebook.count(address), mode=mode)
+        return text
+
+    # -- /notes -----------------------------------------------------------------------------
+
+    async def notes(self, message: Message, address: Address, lang: str, key: str, args: str) -> str:
+        """N9 in Telegram: the owner lists the notebook with what changed since the last look, or
+        reads one note with its last change."""
+        addr, s = str(address), self.s
+        if not await s.queue.remember(addr, {"kind": "command", "command": "notes"}, dedupe_key=key):
+            return "duplicate"
+        notebook = s.notebook
+        assert message.from_user is not None
+        owner = message.from_user.id in s.settings.owner_ids
+        if notebook is None:
+            text = t("notes_off", lang)
+        elif not owner:
+            text = t("notes_owner_only", lang)
+        elif args:
+            text = await self._note_text(addr, args.split()[0].lower(), lang)
+        else:
+            text = await self._notebook_text(addr, lang)
+        if message.chat.type != "private" and notebook is not None and owner:
+            # A group's notebook is the owner's business: it goes to the owner's private chat.
+            s.spawn(self._notes_privately(message, address, lang, text))
+            return "command"
+        # Plain text: a note is shown as written, and a diff's "-"/"+" lines are not list bullets.
+        s.spawn(s.sender.say(address.chat_id, address.thread_id, text, reply_to=message.message_id, markdown=False))
+        return "command"
+
+    async def _notes_privately(self, message: Message, address: Address, lang: str, text: str) -> None:
+        assert message.from_user is not None
+        title = message.chat.title or str(address.chat_id)
+        sent = await self.s.sender.say(message.from_user.id, None, f"{title}\n{text}", markdown=False)
+        note = t("notes_sent_privately" if sent else "notes_start_private", lang)
+        await self.s.sender.say(address.chat_id, address.thread_id, note, reply_to=message.message_id)
+
+    async def _notebook_text(self, addr: str, lang: str) -> str:
+        notebook = self.s.notebook
+        assert notebook is not None
+        notes = await notebook.notes(addr)
+        if not notes:
+            return t("notes_empty", lang)
+        seen = await notebook.seen_at(addr)
+        chat = await self.s.store.chat(addr)
+        new = [n for n in notes if seen is None or n.created_at > seen]
+        changed = [n for n in notes if n not in new and seen is not None and n.updated_at > seen]
+        lines = [t("notes_header", lang, n=len(notes), chars=sum(len(n.body) for n in notes),
+                   mode=chat.notes_mode if chat else "inline", new=len(new), changed=len(changed))]
+        for n in notes:
+            mark = "🆕" if n in new else "✏️" if n in changed else "•"
+            pin = " 📌" if n.pinned else ""
+            lines.append(f"{mark} {n.name}{pin} — {n.description}")
+        lines.append(t("notes_hint", lang))
+        await notebook.mark_seen(addr)  # a look: every client shares this server-side mark
+        return "\n".join(lines)
+
+    async def _note_text(self, addr: str, name: str, lang: str) -> str:
+        notebook = self.s.notebook
+        assert notebook is not None
+        note = await notebook.note(addr, name)
+        if note is None:
+            return t("notes_missing", lang, name=name)
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(note.updated_at))
+        pin = f" · {t('notes_pinned', lang)}" if note.pinned else ""
+        lines = [f"📝 {note.name} — {note.description}{pin} · {t('notes_updated', lang)} {when}", "", note.body, "",
+                 t("notes_changed", lang)]
+        if note.prev_body is None:
+            lines.append(t("notes_unchanged", lang))
+        else:
+            diff = [d for d in difflib.ndiff(note.prev_body.splitlines(), note.body.splitlines()) if d[:1] in "+-"]
+            lines.extend(diff[:60] or [t("notes_unchanged", lang)])
+        return "\n".join(lines)

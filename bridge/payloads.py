@@ -1,0 +1,126 @@
+"""What the on-disk queue carries, typed: a person's message and an answer to a prompt.
+
+Ingest builds these and commits them as JSON; the chat's worker and consumer read them back with
+:func:`decode`. The callback data of a prompt's buttons has one codec here too, so the writer
+(the consumer showing a prompt) and the reader (ingest taking a press) cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["Attachment", "InputAnswer", "Kind", "Origin", "PromptButton", "Queued", "QueuedMessage", "decode"]
+
+
+class Kind(enum.StrEnum):
+    """What a busy chat is doing."""
+
+    TURN = "turn"
+    COMPACT = "compact"
+
+
+class Origin(enum.StrEnum):
+    """Who started a compaction: the parking handler or a person's /compact."""
+
+    AUTO = "auto"
+    MANUAL = "manual"
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """A photo or document, by reference: the worker downloads it when it composes the turn."""
+
+    file_id: str
+    size: int | None
+    mime: str
+    name: str
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Attachment:
+        size = data.get("size")
+        return cls(file_id=str(data["file_id"]), size=int(size) if size is not None else None,
+                   mime=str(data.get("mime") or "application/octet-stream"), name=str(data.get("name") or "file"))
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedMessage:
+    """A person's message, waiting for its turn."""
+
+    text: str
+    message_id: int
+    user_id: int
+    user_name: str
+    owner: bool
+    private: bool
+    date: int | None = None
+    attachment: Attachment | None = None
+
+    kind = "message"
+
+    def to_payload(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["kind"] = self.kind
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class InputAnswer:
+    """A pressed button: the answer to one of eve's prompts (T5)."""
+
+    request_id: str
+    option_id: str
+    message_id: int
+    user_id: int
+
+    kind = "input"
+
+    def to_payload(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["kind"] = self.kind
+        return data
+
+
+Queued = QueuedMessage | InputAnswer
+
+
+def decode(payload: Mapping[str, Any]) -> Queued:
+    """A queue row's payload as its type (rows written before the types existed read the same)."""
+    if payload.get("kind") == InputAnswer.kind:
+        return InputAnswer(request_id=str(payload["request_id"]), option_id=str(payload["option_id"]),
+                           message_id=int(payload.get("message_id") or 0), user_id=int(payload.get("user_id") or 0))
+    attachment = payload.get("attachment")
+    return QueuedMessage(
+        text=str(payload.get("text") or ""),
+        message_id=int(payload.get("message_id") or 0),
+        user_id=int(payload.get("user_id") or 0),
+        user_name=str(payload.get("user_name") or ""),
+        owner=bool(payload.get("owner")),
+        private=bool(payload.get("private", True)),
+        date=payload.get("date"),
+        attachment=Attachment.from_dict(attachment) if attachment else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PromptButton:
+    """The callback data of a prompt's option button: ``in:<prompt id>:<option index>``."""
+
+    prompt_id: int
+    index: int
+
+    PREFIX = "in"
+
+    def encode(self) -> str:
+        return f"{self.PREFIX}:{self.prompt_id}:{self.index}"
+
+    @classmethod
+    def parse(cls, data: str | None) -> PromptButton | None:
+        """The button, or None for anything that is not one of ours (never raises)."""
+        prefix, _, rest = (data or "").partition(":")
+        prompt_id, _, index = rest.partition(":")
+        if prefix != cls.PREFIX or not prompt_id.isdigit() or not index.isdigit():
+            return None
+        return cls(int(prompt_id), int(index))
