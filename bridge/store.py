@@ -466,6 +466,17 @@ class Store:
                              "output_tokens": r["output_tokens"], "cache_read_tokens": r["cache_read_tokens"],
                              "updated_at": r["updated_at"]} for r in rows}
 
+    async def recent_exchange(self, address: str, *, limit: int) -> list[sqlite3.Row]:
+        """The chat's latest handled messages (payload JSON) and sent replies, newest first:
+        rows of (at, who = 'user' | 'assistant', text)."""
+        return await self.db.fetchall(
+            "SELECT enqueued_at AS at, 'user' AS who, payload AS text FROM diskqueue_messages "
+            "WHERE address = ? AND state = 2 "
+            "UNION ALL SELECT created_at AS at, 'assistant' AS who, text FROM outbox "
+            "WHERE address = ? AND state = 'sent' AND format = 'markdown' "
+            "ORDER BY at DESC LIMIT ?", (address, address, limit),
+        )
+
     async def chat_by_session(self, session: str) -> Chat | None:
         row = await self.db.fetchone("SELECT * FROM chats WHERE eve_session = ?", (session,))
         return Chat.from_row(row) if row else None

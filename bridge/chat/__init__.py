@@ -18,6 +18,13 @@
 
    any state ── request_new (/new) ──► reset requested ── new_conversation ──► idle, fresh session
 
+Inside a state, transitions that move no arrow: ``session_opened``, ``session_dropped``,
+``delivered``, ``advance``, ``waiting_on_person``, ``in_turn_compacted``, ``turn_shared`` (a turn);
+``compact_posted``, ``compact_accepted``, ``want_cancel``, ``cancel_sent``, ``notify_compacting``
+(a compaction); ``touch``, ``mark_blocked``, ``bot_removed`` (any state); ``repair_at_start``
+(before any worker runs: in-flight messages of free chats back to the queue, released watches
+ended).
+
 The record (:class:`bridge.store.Chat`) is the one source of truth: status, kind, origin, eve
 session, cursor, claim, deliveries, the compaction phase (``compact_phase``: wanted, posted,
 accepted, released; ``compact_cancel``: wanted, sent) and the marks (reset mark, /new

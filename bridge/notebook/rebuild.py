@@ -90,10 +90,7 @@ class Rebuilder:
                 return "rebuilt"
             reason = result.reason
             logger.warning("notes_rebuild_rejected", address=address, attempt=attempt, reason=reason)
-        await self.store.db.execute(
-            "UPDATE chats SET notes_rebuild_failed = ? WHERE address = ? AND notes_version = ?",
-            (version, address, version),
-        )
+        await self.notebook.rebuild_failed(address, version)
         logger.warning("notes_rebuild_gave_up_old_notebook_kept", address=address, reason=reason)
         return "rejected"
 
@@ -132,13 +129,7 @@ class Rebuilder:
 
     async def _context(self, address: str) -> str:
         """The chat's latest messages and replies, newest kept, within CONTEXT_CHARS."""
-        rows = await self.store.db.fetchall(
-            "SELECT enqueued_at AS at, 'user' AS who, payload AS text FROM diskqueue_messages "
-            "WHERE address = ? AND state = 2 "
-            "UNION ALL SELECT created_at AS at, 'assistant' AS who, text FROM outbox "
-            "WHERE address = ? AND state = 'sent' AND format = 'markdown' "
-            "ORDER BY at DESC LIMIT 40", (address, address),
-        )
+        rows = await self.store.recent_exchange(address, limit=40)
         lines: list[str] = []
         used = 0
         for row in rows:

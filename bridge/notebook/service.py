@@ -204,6 +204,13 @@ class Notebook:
             )
         await self._bump(address)
 
+    async def rebuild_failed(self, address: str, version: int) -> None:
+        """N7: the rebuild gave up on this version of the notebook; not again until it changes."""
+        await self.db.execute(
+            "UPDATE chats SET notes_rebuild_failed = ? WHERE address = ? AND notes_version = ?",
+            (version, address, version),
+        )
+
     async def swap(self, address: str, notes: Sequence[Note], *, version: int) -> bool:
         """The rebuild's result replaces the notebook, the old one going whole to the archive first;
         False (nothing changed) when the notebook was written meanwhile."""

@@ -1,0 +1,228 @@
+"""The bridge in process (arq's "burst" idea): the real store on a temp file, the real ingest,
+workers, consumer and transitions, the HTTP fakes on loopback — no subprocess.
+
+``Harness.start()`` builds what ``bridge.app`` builds; ``settled()`` waits until nothing is
+left to do (every update confirmed, no chat busy, queue and outbox empty, no worker running,
+the fakes quiet) so a test can then assert absence without sleeping.
+
+A crash is simulated two ways: ``crash()`` cancels every task and closes the store without a
+graceful stop (what was not committed is lost, as with SIGKILL), and :class:`KillingDatabase`
+"kills the process" at its Nth statement: the files are copied as they are at that instant —
+the image a SIGKILL would leave, uncommitted WAL frames included and ignored on reopening —
+and the harness restarts from that image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import eve_client as eve
+from bridge.app import make_bot, notebook_config
+from bridge.chat.services import Services
+from bridge.chat.worker import Scheduler
+from bridge.commands import Commands
+from bridge.config import Settings
+from bridge.ingest import Ingest
+from bridge.notebook import Notebook, Rebuilder
+from bridge.sender import Sender
+from bridge.store import Chat, Store
+from diskqueue import Database, DiskQueue, State
+from tests.fakes.eve import FakeEve
+from tests.fakes.telegram import TOKEN, FakeTelegram
+
+T = TypeVar("T")
+
+OWNER = 1
+FRIEND = 2
+
+
+class Killed(BaseException):
+    """The simulated SIGKILL (a BaseException, so no ``except Exception`` can swallow it)."""
+
+
+class KillingDatabase(Database):
+    """A :class:`Database` that is "killed" at its ``kill_at``-th statement (1-based): before the
+    statement runs, the database files are copied to ``image`` and :class:`Killed` is raised."""
+
+    def __init__(self, path: Path, *, kill_at: int | None = None, image: Path | None = None) -> None:
+        super().__init__(path)
+        self.kill_at = kill_at
+        self.image = image
+        self.statements = 0
+        self.killed = asyncio.Event()
+
+    async def _run(self, fn: Callable[..., T]) -> T:
+        self.statements += 1
+        if self.kill_at is not None and self.statements == self.kill_at:
+            assert self.image is not None
+            self.image.mkdir(parents=True, exist_ok=True)
+            for suffix in ("", "-wal", "-shm"):
+                part = Path(f"{self.path}{suffix}")
+                if part.exists():
+                    shutil.copyfile(part, self.image / f"{self.path.name}{suffix}")
+            self.killed.set()
+            raise Killed(f"killed at statement {self.statements}")
+        return await super()._run(fn)
+
+
+async def open_store(path: Path, **kwargs: Any) -> tuple[Database, DiskQueue, Store]:
+    db = await KillingDatabase(path, **kwargs).open()
+    queue, store = DiskQueue(db), Store(db)
+    await queue.migrate()
+    await store.migrate()
+    return db, queue, store
+
+
+class Harness:
+    def __init__(self, state: Path, tg: FakeTelegram, fake_eve: FakeEve, **env: str) -> None:
+        self.state = state
+        self.tg = tg
+        self.fake_eve = fake_eve
+        self.env = {
+            "IVA_TELEGRAM_TOKEN": TOKEN, "IVA_TELEGRAM_API_URL": tg.url, "IVA_EVE_URL": fake_eve.url,
+            "IVA_EVE_TOKEN": fake_eve.token, "IVA_STATE_DIR": str(state), "IVA_OWNER_IDS": str(OWNER),
+            "IVA_ALLOWED_USER_IDS": str(FRIEND), "IVA_LANG": "en", "IVA_NOTES_ENABLED": "0", **env,
+        }
+        self.settings = Settings.from_env(self.env)
+        self.db: KillingDatabase | None = None
+        self.services: Services | None = None
+        self.scheduler: Scheduler | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closers: list[Callable[[], Coroutine[Any, Any, Any]]] = []
+        self.starts = 0
+
+    @property
+    def s(self) -> Services:
+        assert self.services is not None
+        return self.services
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def start(self, *, kill_at: int | None = None, image: Path | None = None) -> None:
+        """Open the store (repairing it as at start) and run ingest and recovery."""
+        self.starts += 1
+        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        db, queue, store = await open_store(self.settings.db_path, kill_at=kill_at, image=image)
+        assert isinstance(db, KillingDatabase)
+        self.db = db
+        self._closers = [db.close]
+        bot = make_bot(self.settings)
+        self._closers.append(bot.session.close)
+        client = eve.EveClient(self.settings.eve_url, token=self.settings.eve_token)
+        await client.__aenter__()
+        self._closers.append(client.aclose)
+        sender = Sender(bot, store)
+        notebook = Notebook(db, store, notebook_config(self.settings))
+        rebuilder = Rebuilder(notebook, store, client)
+        self.services = Services.build(settings=self.settings, eve_client=client, store=store, queue=queue,
+                                       sender=sender, spawn=self.spawn, notebook=notebook, rebuilder=rebuilder)
+        await self.services.transitions.repair_at_start()
+        self.scheduler = Scheduler(self.services)
+        me = await bot.get_me()
+        ingest = Ingest(services=self.services, me=me, scheduler=self.scheduler,
+                        commands=Commands(self.services, self.scheduler))
+        self.spawn(ingest.run())
+        await self.scheduler.recover()
+
+    async def crash(self) -> None:
+        """Everything stops where it is; nothing is flushed or said (the store closes without a
+        commit of anything in flight: an open transaction is never committed)."""
+        if self.scheduler is not None:
+            self.scheduler._closing = True
+            for worker in list(self.scheduler.workers.values()):
+                worker.cancel()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.scheduler is not None:
+            await asyncio.gather(*(w.wait() for w in self.scheduler.workers.values()), return_exceptions=True)
+            await self.s.requests.close()
+        for close in reversed(self._closers):
+            with contextlib.suppress(Exception):
+                await close()
+        self._closers = []
+        self.scheduler = None
+
+    async def stop(self) -> None:
+        if self.scheduler is not None:
+            await self.scheduler.close()
+        await self.crash()
+
+    async def restart_from(self, image: Path) -> None:
+        """After a :class:`KillingDatabase` kill: the live files are replaced by the killed
+        image, and the bridge starts again from it."""
+        await self.crash()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{self.settings.db_path}{suffix}").unlink(missing_ok=True)
+            part = image / f"{self.settings.db_path.name}{suffix}"
+            if part.exists():
+                shutil.copyfile(part, Path(f"{self.settings.db_path}{suffix}"))
+        await self.start()
+
+    # -- looking ----------------------------------------------------------------------------
+
+    async def chat(self, address: str = str(OWNER)) -> Chat:
+        chat = await self.s.store.chat(address)
+        assert chat is not None
+        return chat
+
+    async def _unsettled(self, eve_quiet: bool) -> list[str]:
+        s, why = self.s, []
+        if not self.tg.all_confirmed():
+            why.append("updates not confirmed")
+        if self.tg.in_flight("sendMessage"):
+            why.append("a sendMessage in flight")
+        if await s.store.count_busy():
+            why.append("a chat busy")
+        if await s.store.chats_wanting_reset():
+            why.append("a /new waiting")
+        if await s.queue.depth():
+            why.append("messages queued")
+        if await s.queue.addresses_with(State.INFLIGHT):
+            why.append("messages in flight")
+        if await s.store.addresses_with_pending_outgoing():
+            why.append("replies pending")
+        if await s.store.released_chats():
+            why.append("a released compaction watched")
+        assert self.scheduler is not None
+        if not self.scheduler.settled():
+            why.append("a worker running")
+        if eve_quiet and not self.fake_eve.quiet():
+            why.append("eve busy")
+        return why
+
+    async def settled(self, timeout: float = 20.0, *, eve_quiet: bool = True) -> None:
+        """Wait until nothing is left to do, twice in a row around a polling round."""
+        deadline = time.monotonic() + timeout
+        why: list[str] = []
+        while time.monotonic() < deadline:
+            why = await self._unsettled(eve_quiet)
+            if not why:
+                await self.tg.nudge(max(0.1, deadline - time.monotonic()))
+                why = await self._unsettled(eve_quiet)
+                if not why:
+                    return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"not settled in {timeout} s: {', '.join(why)}")
+
+    async def until(self, predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return value
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"timed out waiting for {what}")

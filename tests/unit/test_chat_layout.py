@@ -1,0 +1,103 @@
+"""The chat's state machine is in one package and written in one module (issue 10)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import bridge.chat
+from bridge.chat.transitions import Transitions
+
+BRIDGE = Path(__file__).resolve().parents[2] / "bridge"
+STATE_FIELDS = (
+    "status", "kind", "origin", "eve_session", "cursor", "claim", "deliveries", "busy_since", "progress_at",
+    "measurement", "compaction_disabled", "reset_mark", "reset_requested", "reset_dropped", "blocked",
+    "compact_phase", "compact_cancel", "compact_notified", "after_pending", "after_report", "waiting_input",
+    "owner_turn", "compact_failures", "compact_retry_at",
+)
+STORAGE = {"store.py", "notebook/service.py"}  # the only bridge modules with SQL (and diskqueue)
+
+
+def _modules() -> dict[str, str]:
+    return {str(p.relative_to(BRIDGE)): p.read_text() for p in BRIDGE.rglob("*.py")}
+
+
+def test_only_the_transitions_write_a_chats_state() -> None:
+    writers = {name for name, text in _modules().items()
+               if name != "store.py" and re.search(r"\.(update_chat|update_chat_if|touch_chat|block_chat)\(", text)}
+    assert writers == {"chat/transitions.py"}
+
+
+def test_sql_lives_only_in_the_storage_modules() -> None:
+    sql = re.compile(r"\b(SELECT \S.*? FROM|UPDATE \w+ SET|INSERT INTO|DELETE FROM)\b")
+    raw = re.compile(r"\bdb\.(execute|executemany|fetchall|fetchone|executescript)\(")
+    offenders = {name for name, text in _modules().items()
+                 if name not in STORAGE and (raw.search(text) or sql.search(text))}
+    assert offenders == set()
+
+
+def test_the_notebook_writes_only_its_own_columns_of_a_chat() -> None:
+    text = (BRIDGE / "notebook" / "service.py").read_text()
+    for statement in re.findall(r"UPDATE chats SET ([^\"]+?) WHERE", text):
+        columns = {part.split("=")[0].strip() for part in statement.split(",")}
+        assert columns <= {"notes_version", "notes_rebuild_failed"}, columns
+        assert not columns & set(STATE_FIELDS)
+
+
+def _imports(name: str, text: str) -> set[str]:
+    """bridge-internal modules imported at module level (TYPE_CHECKING blocks aside)."""
+    package = ["bridge", *Path(name).with_suffix("").parts]
+    if package[-1] == "__init__":
+        package.pop()
+    else:
+        package.pop()
+    found: set[str] = set()
+    tree = ast.parse(text)
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        for sub in ast.walk(node) if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) \
+                else []:
+            if isinstance(sub, ast.ImportFrom) and sub.level:
+                base = package[: len(package) - sub.level + 1]
+                target = ".".join([*base, *(sub.module.split(".") if sub.module else [])])
+                found.add(target)
+                if not sub.module:
+                    found.update(f"{target}.{a.name}" for a in sub.names)
+            elif isinstance(sub, ast.ImportFrom) and sub.module and sub.module.startswith("bridge"):
+                found.add(sub.module)
+    return found
+
+
+def test_no_import_cycle_inside_bridge() -> None:
+    graph: dict[str, set[str]] = {}
+    modules = _modules()
+    names = {".".join(["bridge", *Path(n).with_suffix("").parts]).removesuffix(".__init__") for n in modules}
+    for name, text in modules.items():
+        module = ".".join(["bridge", *Path(name).with_suffix("").parts]).removesuffix(".__init__")
+        graph[module] = {m for m in _imports(name, text) if m in names and m != module}
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in graph.get(node, ()):
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " → ".join([*path[path.index(nxt):], nxt]))
+            if nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert graph["bridge.chat.consumer"] and "bridge.chat.worker" not in graph["bridge.chat.consumer"]
+
+
+def test_the_docstring_names_every_transition() -> None:
+    doc = bridge.chat.__doc__ or ""
+    public = [n for n, f in inspect.getmembers(Transitions, inspect.iscoroutinefunction) if not n.startswith("_")]
+    assert len(public) > 20
+    missing = [n for n in public if n not in doc]
+    assert missing == []
