@@ -9,7 +9,6 @@ back to plain text for that chunk; a blocked bot or a vanished chat raises :clas
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from collections.abc import Mapping, Sequence
 
@@ -180,8 +179,7 @@ class Typing:
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait({task})  # never swallows a cancellation of the caller
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()

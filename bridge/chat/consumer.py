@@ -17,7 +17,6 @@ the chat while it is busy comes as a :data:`POKE` in the inbox, next to the stre
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 import structlog
@@ -101,8 +100,9 @@ class BusyPeriod:
             if self.typing is not None:
                 await self.typing.stop()
             reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            # Wait for the reader without taking its cancellation for ours: a consumer cancelled
+            # here (shutdown) must still end, not swallow the CancelledError and go on.
+            await asyncio.wait({reader})
             # What the reader had queued is dropped; a later consumer starts again from the cursor.
             while not self.inbox.empty():
                 self.inbox.get_nowait()

@@ -112,8 +112,7 @@ class ChatWorker:
 
     async def wait(self) -> None:
         if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task})
 
     async def _main(self) -> None:
         structlog.contextvars.clear_contextvars()
