@@ -363,6 +363,10 @@ class Store:
         )
         return [str(r["address"]) for r in rows]
 
+    async def is_blocked(self, address: str) -> bool:
+        row = await self.db.fetchone("SELECT blocked FROM chats WHERE address = ?", (address,))
+        return bool(row and row[0])
+
     async def busy_chats(self) -> list[Chat]:
         rows = await self.db.fetchall("SELECT * FROM chats WHERE status = 'busy' ORDER BY busy_since")
         return [Chat.from_row(r) for r in rows]

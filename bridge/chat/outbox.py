@@ -32,8 +32,7 @@ class Outbox:
         pending = await self.store.pending_outgoing(address)
         if not pending:
             return
-        chat = await self.store.chat(address)
-        blocked = chat is not None and chat.blocked
+        blocked = await self.store.is_blocked(address)
         for out in pending:
             if blocked:
                 await self.store.finish_outgoing(out.id, "failed")

@@ -251,10 +251,14 @@ class Transitions:
             await self._write(address, deliveries=known, progress_at=self.clock(), **(marks or {}))
 
     async def advance(self, address: str, claim: str, cursor: int) -> None:
-        """The consumer applied eve's events up to ``cursor`` (effects in the caller's transaction)."""
+        """The consumer applied eve's events up to ``cursor`` (effects in the caller's transaction).
+        The hot path of every reply: one guarded statement; the record is read only to say why
+        it did not apply."""
         async with self.store.db.transaction():
-            await self._owned(address, claim, ChatState.TURN, ChatState.COMPACTING)
-            await self._write(address, cursor=cursor, progress_at=self.clock())
+            if not await self.store.update_chat_if(address, {"claim": claim, "status": ChatStatus.BUSY},
+                                                   cursor=cursor, progress_at=self.clock()):
+                await self._owned(address, claim, ChatState.TURN, ChatState.COMPACTING)
+                raise IllegalTransition(f"{address}: advance did not apply")
 
     async def waiting_on_person(self, address: str, claim: str, *, waiting: bool, cursor: int | None = None) -> None:
         """T5: the turn waits on the person's answer (or no longer does)."""
