@@ -88,6 +88,8 @@ class Commands:
                 captured = None
                 if s.requests.outstanding(addr):
                     text = t("compact_already", lang)  # C5: eve has not answered the last request yet
+                elif chat is not None and state_of(chat) is ChatState.RELEASED:
+                    text = t("compact_already", lang)  # C5: eve may still start the released one
                 elif chat is not None and chat.busy:
                     text = t("compact_already" if chat.kind is Kind.COMPACT else "compact_after_answer", lang)
                 elif (chat is None or not chat.eve_session or chat.reset_mark or chat.measurement is None

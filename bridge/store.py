@@ -150,7 +150,8 @@ _MIGRATIONS: dict[int, str] = {
     ALTER TABLE chats ADD COLUMN compact_cancel TEXT;
     ALTER TABLE chats ADD COLUMN compact_reply_to INTEGER;
     ALTER TABLE chats ADD COLUMN compact_lang TEXT;
-    ALTER TABLE chats ADD COLUMN after_report INTEGER NOT NULL DEFAULT 0
+    ALTER TABLE chats ADD COLUMN after_report INTEGER NOT NULL DEFAULT 0;
+    UPDATE chats SET compact_phase = 'posted' WHERE status = 'busy' AND kind = 'compact'
     """,
 }
 

@@ -234,3 +234,49 @@ async def test_a_kill_at_every_statement_of_a_manual_compaction(tmp_path: Path, 
         assert k > 8
     finally:
         await h.stop()
+
+
+async def test_two_failed_compactions_are_both_told(harness: Harness, tg: FakeTelegram, fake_eve: FakeEve):
+    """M5: each /compact's outcome is its own notice (a key per compaction, not per cursor: a
+    failed request does not move the cursor, and a UNIQUE outbox key would drop the second)."""
+    await tg.message("long talk [[tokens=50000]]", user_id=OWNER)
+    await harness.settled()
+    for _ in range(2):
+        fake_eve.compact_errors = 1
+        await tg.message("/compact", user_id=OWNER)
+        await harness.settled()
+    failed = [t for t in tg.texts() if t.startswith("Compaction didn't work")]
+    assert len(failed) == 2, tg.texts()
+
+
+async def test_new_in_two_chats_with_the_same_message_id_is_answered_in_both(harness: Harness, tg: FakeTelegram):
+    """Telegram's message ids count per chat: /new's notice key names the chat too."""
+    for user in (OWNER, 2):
+        await tg.message("hi", user_id=user)
+    await harness.settled()
+    for user in (OWNER, 2):
+        await tg.message("/new", user_id=user, extra={"message_id": 500})
+    await harness.settled()
+    for user in (OWNER, 2):
+        assert tg.texts(user)[1:] == ["New conversation started."], (user, tg.texts(user))
+
+
+async def test_a_second_compact_while_a_released_one_may_start_is_refused(tmp_path: Path, tg: FakeTelegram,
+                                                                          fake_eve: FakeEve):
+    """C5: after the ack window released a /compact (its request still unanswered), another
+    /compact is not a second request. (The released-but-answered case is the transition table's:
+    capture_manual is refused from released.)"""
+    fake_eve.compact_ack_delay = 3
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_COMPACT_ACK_SECONDS="0.3")
+    await h.start()
+    try:
+        await tg.message("long talk [[tokens=50000]]", user_id=OWNER)
+        await h.settled()
+        await tg.message("/compact", user_id=OWNER)
+        await h.until(lambda: _phase(h, CompactPhase.RELEASED), what="released")
+        await tg.message("/compact", user_id=OWNER)
+        await h.settled(eve_quiet=False)
+        assert routes(fake_eve).count("compact") == 1
+        assert "Already compacting — I'll say when it's done." in tg.texts(), tg.texts()
+    finally:
+        await h.stop()

@@ -33,6 +33,7 @@ class Answer:
     """eve's answer to our compact request (or the error in its place), through the inbox."""
 
     result: eve.Accepted | eve.EveError
+    claim: str  # the compaction whose request this answers (an old answer is not this one's)
 
 
 class Compaction:
@@ -52,6 +53,7 @@ class Compaction:
         self.requested = False  # eve announced it (compaction.requested)
         self.completed = False  # compaction.completed
         self.ack_deadline: float | None = None
+        self.request: str | None = None  # the claim the request was sent under
 
     @property
     def released(self) -> bool:
@@ -76,14 +78,15 @@ class Compaction:
         self.phase = CompactPhase.POSTED
         self.ack_deadline = asyncio.get_running_loop().time() + self.s.settings.compact_ack_seconds
         logger.info("compaction_requested", origin=self.origin, before=self.before)
-        inbox, client, session = self.inbox, self.s.eve, self.session
+        inbox, client, session, claim = self.inbox, self.s.eve, self.session, self.claim
+        self.request = claim
 
         async def request() -> None:
             try:
                 result: eve.Accepted | eve.EveError = await client.compact(session)
             except eve.EveError as exc:
                 result = exc
-            await inbox.put(Answer(result))
+            await inbox.put(Answer(result, claim))
 
         self.s.requests.start(self.address, request())
 
@@ -174,7 +177,7 @@ class Compaction:
             if chat.origin is Origin.MANUAL:
                 # Live, or finished while we were down (R2): the person hears how it ended.
                 lang = chat.compact_lang or chat.lang
-                await s.outbox.say(chat, f"compact:{self.session}:{cursor}:{done.outcome}",
+                await s.outbox.say(chat, f"compact:{chat.claim or f'{self.session}:{cursor}'}:{done.outcome}",
                                    t("compact_done" if ok else "compact_failed", lang),
                                    reply_to=chat.compact_reply_to)
         METRICS.compactions.labels(origin=str(self.origin), outcome=done.outcome).inc()

@@ -27,7 +27,7 @@ from .. import log
 from ..metrics import METRICS
 from ..payloads import InputAnswer, Kind, PromptButton, QueuedMessage, decode
 from ..sender import Typing
-from ..store import Chat
+from ..store import Chat, CompactPhase
 from ..texts import t
 from .compaction import Answer, Compaction
 from .delivery import GONE, Lost, send
@@ -90,7 +90,7 @@ class BusyPeriod:
         reader = asyncio.create_task(self._reader(), name=f"stream:{self.address}")
         started = time.monotonic()
         try:
-            if self.compaction is not None and self.compaction.phase.value == "wanted":
+            if self.compaction is not None and self.compaction.phase is CompactPhase.WANTED:
                 await self.compaction.post()
             await self._loop()
         except Superseded as exc:
@@ -149,7 +149,8 @@ class BusyPeriod:
                     return
                 continue
             if isinstance(item, Answer):
-                if self.compaction is not None and await self.compaction.on_answer(item.result, self.cursor):
+                c = self.compaction
+                if c is not None and item.claim == c.request and await c.on_answer(item.result, self.cursor):
                     return
                 self._sync_claim()
                 continue
@@ -259,7 +260,7 @@ class BusyPeriod:
             chat = parked.chat
             if parked.after_before is not None and parked.decision.after is not None:
                 await s.outbox.say(chat, f"after:{self.cursor}:{chat.claim}",
-                                   t("compact_after", chat.lang, after=_n(parked.decision.after),
+                                   t("compact_after", chat.compact_lang or chat.lang, after=_n(parked.decision.after),
                                      before=_n(parked.after_before)))
         METRICS.turns.labels(outcome="completed").inc()
         logger.info("turn_finished", measurement=self.measurement, messages=len(parked.inflight),

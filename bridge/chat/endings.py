@@ -27,7 +27,8 @@ async def lose(s: Services, address: str, claim: str | None, reason: str) -> Non
             await s.outbox.say(chat, f"lost:{chat.claim}", t("session_lost", chat.lang),
                                reply_to=replied[-1].message_id if replied else None)
         elif chat.origin is Origin.MANUAL and chat.kind is not Kind.TURN:
-            await s.outbox.say(chat, f"compact-again:{chat.claim}", t("compact_again", chat.compact_lang or chat.lang),
+            await s.outbox.say(chat, f"compact-again:{chat.claim or chat.eve_session}",
+                               t("compact_again", chat.compact_lang or chat.lang),
                                reply_to=chat.compact_reply_to)
     if chat.kind is not Kind.TURN:
         METRICS.compactions.labels(origin=str(chat.origin or Origin.AUTO), outcome="lost").inc()

@@ -74,9 +74,10 @@ async def drive(s: Services, inbox: asyncio.Queue[object], address: str, claim: 
 
 async def _resume_compaction(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
     assert chat.eve_session and chat.claim
-    if chat.compact_phase in (None, CompactPhase.WANTED):
+    if chat.compact_phase is CompactPhase.WANTED:
         # Held for it, never requested (a /compact just captured, or parking's move into it cut by
-        # a restart): eve never had it, so it is requested now.
+        # a restart): eve never had it, so it is requested now. (A record of the schema before
+        # the phase existed was migrated as "posted": its stream decides, below.)
         await BusyPeriod(s, inbox, chat).run()
         return
     try:

@@ -94,9 +94,7 @@ _IDLE: Mapping[str, Any] = {
     "waiting_input": False,
     "compact_phase": None,
     "compact_cancel": None,
-    "compact_reply_to": None,
-    "compact_lang": None,
-}
+}  # compact_reply_to / compact_lang stay: a /compact's "after" line (M5) comes a turn later
 
 
 def _claim_id() -> str:
@@ -304,7 +302,7 @@ class Transitions:
                 compaction_claim = _claim_id()
                 fields.update(status=ChatStatus.BUSY, kind=Kind.COMPACT, origin=Origin.AUTO, claim=compaction_claim,
                               busy_since=now, compact_notified=False, compact_before=measurement,
-                              compact_phase=CompactPhase.WANTED)
+                              compact_phase=CompactPhase.WANTED, compact_reply_to=None, compact_lang=None)
             await self._write(address, fields)
             if chat.eve_session:
                 await self.store.close_prompts(chat.eve_session)
@@ -343,11 +341,12 @@ class Transitions:
     # -- compactions -----------------------------------------------------------------------
 
     async def capture_manual(self, address: str, *, before: int, reply_to: int, lang: str) -> str | None:
-        """idle|released → busy(compacting, manual) (M1): the claim, or None if the chat is not
-        free or has nothing to compact."""
+        """idle → busy(compacting, manual) (M1): the claim, or None if the chat is not free, has
+        nothing to compact, or a released compaction may still start in eve (C5: never two)."""
         async with self.store.db.transaction():
             chat = await self.store.chat(address)
-            if chat is None or chat.busy or chat.reset_requested or not chat.eve_session or chat.reset_mark:
+            if chat is None or state_of(chat) is not ChatState.IDLE or chat.reset_requested or not chat.eve_session \
+                    or chat.reset_mark:
                 return None
             claim = _claim_id()
             now = self.clock()
@@ -378,8 +377,7 @@ class Transitions:
             if chat.compact_phase not in (CompactPhase.WANTED, CompactPhase.POSTED):
                 raise IllegalTransition(f"{address}: eve has the compaction ({chat.compact_phase})")
             origin = chat.origin
-            await self._write(address, _IDLE, cursor=cursor, origin=origin, compact_phase=CompactPhase.RELEASED,
-                              compact_reply_to=chat.compact_reply_to, compact_lang=chat.compact_lang)
+            await self._write(address, _IDLE, cursor=cursor, origin=origin, compact_phase=CompactPhase.RELEASED)
 
     async def recapture(self, address: str) -> str | None:
         """released → busy(compacting): eve announced the compaction after all (C6). The new claim,

@@ -9,7 +9,8 @@ real eve alike: ``[[tokens=N]]``, ``[[delay=S]]``, ``[[fail=CODE]]``, ``[[reply=
 - ``garbage_every``: a malformed line is written before every Nth event of a stream;
 - ``stuck``: sessions accept messages and never run them (eve restarted mid-turn, §9);
 - ``server_errors``: the next N requests of any route answer 500;
-- ``compact_ack_delay`` / ``summary_delay`` / ``summary_fail``: compaction behaviour (§5).
+- ``compact_ack_delay`` / ``summary_delay`` / ``summary_fail`` / ``compact_errors``: compaction
+  behaviour (§5).
 
 Like real eve with an MCP connection (§11), ``[[mcp=TOOL {json}]]`` makes the "model" call a tool
 of the MCP server at ``mcp_url``: a fresh ``tools/list`` with the session header, then
@@ -115,6 +116,7 @@ class FakeEve:
         self.stuck = False
         self.server_errors = 0
         self.compact_ack_delay = 0.0
+        self.compact_errors = 0  # the next N compact requests answer 500
         self.summary_delay = 0.0
         self.summary_fail = False
         self.step_delay = 0.0
@@ -387,6 +389,9 @@ class FakeEve:
         session = self._session(request)
         if session is None or not session.active:
             return web.json_response({"ok": True, "status": "no_active_session"})
+        if self.compact_errors:
+            self.compact_errors -= 1
+            return web.json_response({"ok": False, "code": "internal_error", "message": "boom"}, status=500)
         if self.compact_ack_delay:
             await asyncio.sleep(self.compact_ack_delay)
         if not self.stuck:

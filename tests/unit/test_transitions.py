@@ -171,7 +171,7 @@ TABLE = [
     Row("lose", lambda tr, c: tr.lose(A, c.claim), TURNS | COMPACTING | {"released"}, ChatState.IDLE,
         lambda c: c.reset_mark and c.eve_session is None and c.cursor == 0),
     Row("capture_manual", lambda tr, c: tr.capture_manual(A, before=60_000, reply_to=3, lang="ru"),
-        {"idle_session", "released"}, ChatState.COMPACTING, lambda c: c.compact_reply_to == 3, guard=True),
+        {"idle_session"}, ChatState.COMPACTING, lambda c: c.compact_reply_to == 3, guard=True),
     Row("compact_posted", lambda tr, c: tr.compact_posted(A, claim(c)), {"compacting_wanted", "compacting_manual"},
         None, lambda c: c.compact_phase is CompactPhase.POSTED),
     Row("compact_accepted", lambda tr, c: tr.compact_accepted(A, claim(c)), COMPACTING, None,
@@ -343,3 +343,27 @@ async def test_a_kill_at_every_statement_of_a_transition_leaves_the_state_before
         finally:
             db.kill_at = None
             await db.close()
+
+
+async def test_a_compaction_caught_by_the_upgrade_to_the_phase_is_migrated_as_posted(tmp_path: Path) -> None:
+    """A busy compaction written before the phase existed must not read as "never requested"
+    (that would request it again, C5): the migration marks it posted, so eve's stream decides."""
+    from bridge import store as store_module
+    from diskqueue import Database, DiskQueue
+
+    db = await Database(tmp_path / "old.sqlite3").open()
+    try:
+        await DiskQueue(db).migrate()
+        for step in range(1, 5):
+            for statement in filter(str.strip, store_module._MIGRATIONS[step].split(";")):
+                await db.execute(statement)
+        await db.execute("PRAGMA user_version = 4")
+        await db.execute("INSERT INTO chats (address, chat_id, status, kind, origin, eve_session, claim, "
+                         "created_at, updated_at) VALUES ('1', 1, 'busy', 'compact', 'auto', 's', 'c', 0, 0)")
+        await db.execute("INSERT INTO chats (address, chat_id, created_at, updated_at) VALUES ('2', 2, 0, 0)")
+        await store_module.Store(db).migrate()
+        chats = {c: await store_module.Store(db).chat(c) for c in ("1", "2")}
+        assert chats["1"] is not None and chats["1"].compact_phase is CompactPhase.POSTED
+        assert chats["2"] is not None and chats["2"].compact_phase is None
+    finally:
+        await db.close()
