@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Attachment", "InputAnswer", "Kind", "Origin", "PromptButton", "Queued", "QueuedMessage", "decode"]
@@ -61,9 +61,11 @@ class QueuedMessage:
     kind = "message"
 
     def to_payload(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["kind"] = self.kind
-        return data
+        a = self.attachment
+        return {"kind": self.kind, "text": self.text, "message_id": self.message_id, "user_id": self.user_id,
+                "user_name": self.user_name, "owner": self.owner, "private": self.private, "date": self.date,
+                "attachment": None if a is None else {"file_id": a.file_id, "size": a.size, "mime": a.mime,
+                                                      "name": a.name}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +80,8 @@ class InputAnswer:
     kind = "input"
 
     def to_payload(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["kind"] = self.kind
-        return data
+        return {"kind": self.kind, "request_id": self.request_id, "option_id": self.option_id,
+                "message_id": self.message_id, "user_id": self.user_id}
 
 
 Queued = QueuedMessage | InputAnswer

@@ -4,8 +4,10 @@ goes to the same consumer from its saved cursor (R2): one procedure for turns an
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import eve_client as eve
+from diskqueue import Message
 
 from .. import log
 from ..metrics import METRICS
@@ -49,9 +51,11 @@ async def resume(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
     await BusyPeriod(s, inbox, chat).run()
 
 
-async def drive(s: Services, inbox: asyncio.Queue[object], address: str, claim: str) -> None:
-    """Send the turn's claimed messages and follow the turn to its end."""
-    messages = await s.queue.inflight(address)
+async def drive(s: Services, inbox: asyncio.Queue[object], address: str, claim: str,
+                messages: Sequence[Message] | None = None) -> None:
+    """Send the turn's claimed messages (read back when not given) and follow the turn."""
+    if messages is None:
+        messages = await s.queue.inflight(address)
     if not messages:
         await s.transitions.give_back(address, claim)
         return

@@ -194,21 +194,23 @@ class Transitions:
                 return None
             claim = _claim_id()
             messages = await self.queue.claim(address, limit=limit, claim=claim)
-            stale = [m for m in messages if decode(m.payload).kind == InputAnswer.kind]
+            items = [decode(m.payload) for m in messages]
+            stale = [m for m, item in zip(messages, items, strict=True) if isinstance(item, InputAnswer)]
             if stale:
                 # A button pressed after its turn ended: nothing waits for it any more.
                 await self.queue.ack([m.id for m in stale], claim=claim)
-                messages = [m for m in messages if m not in stale]
+                kept = [(m, i) for m, i in zip(messages, items, strict=True) if isinstance(i, QueuedMessage)]
+                messages, items = [m for m, _ in kept], [i for _, i in kept]
             if not messages:
                 return None
-            first = decode(messages[0].payload)
+            first = items[0]
             owner = isinstance(first, QueuedMessage) and first.owner
             fields: dict[str, Any] = {"owner_turn": owner}
             if self.notebook is not None:
                 # N1: the notebook rides only in the owner's turns, so a turn is one kind or the
                 # other: the first message that differs waits for the next turn.
-                cut = next((i for i, m in enumerate(messages)
-                            if bool(getattr(decode(m.payload), "owner", False)) != owner), len(messages))
+                cut = next((i for i, item in enumerate(items)
+                            if isinstance(item, QueuedMessage) and item.owner != owner), len(messages))
                 if cut < len(messages):
                     await self.queue.nack([m.id for m in messages[cut:]], claim=claim)
                     messages = messages[:cut]
@@ -419,12 +421,10 @@ class Transitions:
 
     async def notify_compacting(self, address: str) -> bool:
         """C3: the first message during a compaction gets the notice; True when this one does."""
-        async with self.store.db.transaction():
-            chat = await self.store.chat(address)
-            if chat is None or state_of(chat) is not ChatState.COMPACTING or chat.compact_notified:
-                return False
-            await self._write(address, compact_notified=True)
-            return True
+        # One guarded statement: it runs in every message's ingest transaction.
+        return bool(await self.store.update_chat_if(
+            address, {"status": ChatStatus.BUSY, "kind": Kind.COMPACT, "compact_notified": False},
+            compact_notified=True))
 
     async def finish_compaction(self, address: str, claim: str | None, *, cursor: int, ok: bool) -> Finished:
         """busy(compacting) or released → idle (C7): completed, cancelled (C4) or failed."""

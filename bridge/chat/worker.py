@@ -177,7 +177,7 @@ class ChatWorker:
                 return chat is not None and (chat.busy or chat.reset_requested
                                              or await s.queue.depth(self.address) > 0)
             logger.info("turn_claimed", messages=[m.id for m in claimed.messages], session=claimed.session)
-            await drive(s, self.inbox, self.address, claimed.claim)
+            await drive(s, self.inbox, self.address, claimed.claim, claimed.messages)
         return True
 
     # -- /new -------------------------------------------------------------------------------

@@ -333,7 +333,7 @@ async def test_a_kill_at_every_statement_of_a_transition_leaves_the_state_before
             if statements is None:
                 await row.call(tr, chat) if row.name != "claim_turn" else await tr.claim_turn(A, limit=10)
                 statements = db.statements - start
-                assert statements >= 3  # BEGIN, at least one statement, COMMIT
+                assert statements >= 1  # a guarded statement, or BEGIN … COMMIT around several
                 continue
             db.kill_at, db.image = start + k, path / "image"
             with pytest.raises(Killed):
