@@ -48,7 +48,8 @@ class Commands:
             return await self.new(message, address, lang, key)
         if not await self.s.queue.remember(str(address), {"kind": "command", "command": command}, dedupe_key=key):
             return "duplicate"
-        text = await self.status_text(str(address), lang) if command == "status" else t(command, lang)
+        owner = message.from_user is not None and message.from_user.id in self.s.settings.owner_ids
+        text = await self.status_text(str(address), lang, owner=owner) if command == "status" else t(command, lang)
         self.s.spawn(self.s.sender.say(address.chat_id, address.thread_id, text))
         return "command"
 
@@ -109,9 +110,9 @@ class Commands:
 
     # -- /status ----------------------------------------------------------------------------
 
-    async def status_text(self, address: str, lang: str) -> str:
+    async def status_text(self, address: str, lang: str, *, owner: bool = True) -> str:
         """M8: session, last measurement vs threshold, parking on/off, busy state, queue length,
-        the notebook's size and mode."""
+        the notebook's size and mode. The eve session id is an internal: owners only (S2)."""
         s = self.s
         chat = await s.store.chat(address)
         queued = await s.queue.depth(address)
@@ -121,7 +122,10 @@ class Commands:
                      queued=queued, measure=t("status_unknown", lang), threshold=threshold,
                      parking=t("status_parking_on", lang))
         else:
-            session = chat.eve_session if chat.eve_session and not chat.reset_mark else t("status_no_session", lang)
+            if not chat.eve_session or chat.reset_mark:
+                session = t("status_no_session", lang)
+            else:
+                session = chat.eve_session if owner else t("status_session_active", lang)
             if chat.busy and chat.busy_since:
                 key = "status_compacting" if state_of(chat) is ChatState.COMPACTING else "status_busy"
                 state = t(key, lang, seconds=int(time.time() - chat.busy_since))

@@ -161,16 +161,28 @@ class Ingest:
         return "ignored"
 
     async def on_callback(self, query: CallbackQuery) -> str:
-        """T5: a pressed option button becomes an inputResponse for the waiting turn."""
+        """T5: a pressed option button becomes an inputResponse for the waiting turn — only in the
+        prompt's own chat, and only from the people whose turn asked or an owner (S3). Every press
+        is answered, never with a blocking call in this loop."""
         note: str | None = None
         outcome = "callback"
         try:
             button = PromptButton.parse(query.data)
+            lang = pick_lang(query.from_user.language_code, self.settings.lang)
             if button is None or not self.settings.may_talk(query.from_user.id):
                 return "ignored"
             prompt = await self.store.prompt(button.prompt_id)
-            lang = pick_lang(query.from_user.language_code, self.settings.lang)
-            if prompt is None or prompt["state"] != "open":
+            where = query.message.chat.id if query.message is not None else None
+            if prompt is None or (prompt["chat_id"] is not None and prompt["chat_id"] != where):
+                logger.warning("callback_foreign_prompt", user_id=query.from_user.id, chat_id=where)
+                note = t("input_closed", lang)
+                return "refused"
+            user = query.from_user.id
+            if user not in self.settings.owner_ids and user not in json.loads(prompt["askers"] or "[]") \
+                    and prompt["chat_id"] is not None:
+                note = t("input_not_yours", lang)
+                return "refused"
+            if prompt["state"] != "open":
                 note = t("input_closed", lang)
                 return "closed"
             option = str(json.loads(prompt["options"])[button.index])
@@ -185,10 +197,13 @@ class Ingest:
         except (ValueError, IndexError):
             return "ignored"
         finally:
-            try:
-                await self.bot.answer_callback_query(query.id, text=note)
-            except Exception as exc:
-                logger.info("callback_answer_failed", error=str(exc))
+            self.spawn(self._answer_callback(query.id, note))
+
+    async def _answer_callback(self, query_id: str, note: str | None) -> None:
+        try:
+            await self.bot.answer_callback_query(query_id, text=note)
+        except Exception as exc:
+            logger.info("callback_answer_failed", error=str(exc))
 
     async def on_message(self, message: Message) -> str:
         user = message.from_user

@@ -22,7 +22,7 @@ from .payloads import Kind, Origin
 __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "Outgoing",
            "Store"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -152,6 +152,11 @@ _MIGRATIONS: dict[int, str] = {
     ALTER TABLE chats ADD COLUMN compact_lang TEXT;
     ALTER TABLE chats ADD COLUMN after_report INTEGER NOT NULL DEFAULT 0;
     UPDATE chats SET compact_phase = 'posted' WHERE status = 'busy' AND kind = 'compact'
+    """,
+    # S3: a prompt's buttons answer only in its chat and for the people whose turn asked.
+    6: """
+    ALTER TABLE prompts ADD COLUMN chat_id INTEGER;
+    ALTER TABLE prompts ADD COLUMN askers TEXT NOT NULL DEFAULT '[]'
     """,
 }
 
@@ -429,11 +434,14 @@ class Store:
              outgoing_id),
         )
 
-    async def add_prompt(self, address: str, session: str, request_id: str, options: list[str]) -> int:
+    async def add_prompt(self, address: str, session: str, request_id: str, options: list[str], *,
+                         chat_id: int, askers: list[int]) -> int:
         rows = await self.db.fetchall(
-            "INSERT INTO prompts (address, session, request_id, options, created_at) VALUES (?, ?, ?, ?, ?) "
+            "INSERT INTO prompts (address, session, request_id, options, chat_id, askers, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (session, request_id) DO UPDATE SET state = state RETURNING id",
-            (address, session, request_id, json.dumps(options), time.time()),
+            (address, session, request_id, json.dumps(options), chat_id, json.dumps(sorted(set(askers))),
+             time.time()),
         )
         return int(rows[0]["id"])
 

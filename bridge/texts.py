@@ -126,6 +126,8 @@ _TEXTS: dict[str, dict[Lang, str]] = {
     },
     "input_needed": {"en": "I need your answer to go on.", "ru": "Чтобы продолжить, мне нужен ваш ответ."},
     "input_closed": {"en": "This question is closed.", "ru": "Этот вопрос уже закрыт."},
+    "input_not_yours": {"en": "This question is for the person who asked.",
+                        "ru": "Этот вопрос — для того, кто спрашивал."},
     "state_quarantined": {
         "en": (
             "Iva: the state database failed its check at start. It was moved aside to {path} (not "
@@ -167,6 +169,7 @@ _TEXTS: dict[str, dict[Lang, str]] = {
     },
     "status_compacting": {"en": "compacting (for {seconds} s)", "ru": "сжимаю (уже {seconds} с)"},
     "status_no_session": {"en": "not started yet", "ru": "ещё не начат"},
+    "status_session_active": {"en": "going on", "ru": "идёт"},
     "status_idle": {"en": "free", "ru": "свободен"},
     "status_busy": {"en": "answering (for {seconds} s)", "ru": "отвечаю (уже {seconds} с)"},
     "status_unknown": {"en": "unknown", "ru": "неизвестно"},

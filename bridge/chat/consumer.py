@@ -309,10 +309,14 @@ class BusyPeriod:
     async def _show_prompts(self, event: eve.InputRequested, claim: str) -> None:
         """T5: each question or approval as a message with its options as inline buttons."""
         chat, store = self.chat, self.s.store
+        # S3: the people whose messages make this turn may answer (and the owners, always).
+        askers = [m.user_id for m in map(decode, (r.payload for r in await self.s.queue.inflight(self.address)))
+                  if isinstance(m, QueuedMessage)]
         async with store.db.transaction():
             for request in event.requests:
                 prompt_id = await store.add_prompt(self.address, self.session, request.request_id,
-                                                   [o.id for o in request.options])
+                                                   [o.id for o in request.options], chat_id=chat.chat_id,
+                                                   askers=askers)
                 buttons = [{"text": o.label[:60], "callback_data": PromptButton(prompt_id, i).encode()}
                            for i, o in enumerate(request.options[:12])]
                 rows = [buttons[i:i + 3] for i in range(0, len(buttons), 3)] or None

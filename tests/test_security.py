@@ -1,0 +1,102 @@
+"""Who may do what (issue 12, S2, S3, S5) — in process on the fakes (tests/harness.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.eve import FakeEve
+from tests.fakes.telegram import BOT_USERNAME, FakeTelegram
+from tests.harness import FRIEND, OWNER, Harness
+
+OTHER = 3  # allowed to talk to the bot, but did not ask
+GROUP = -1005
+
+
+@pytest.fixture
+async def harness(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncIterator[Harness]:
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_ALLOWED_USER_IDS=f"{FRIEND},{OTHER}")
+    await h.start()
+    try:
+        yield h
+    finally:
+        await h.stop()
+
+
+async def _group_question(tg: FakeTelegram, h: Harness) -> dict:
+    text = f"@{BOT_USERNAME} deploy? [[ask=Deploy to prod?|approve|cancel]]"
+    await tg.message(text, user_id=FRIEND, chat_id=GROUP, chat_type="supergroup",
+                     entities=[{"type": "mention", "offset": 0, "length": len(BOT_USERNAME) + 1}])
+    await tg.wait_texts(1, GROUP)
+    await h.until(lambda: (c := h.maybe_chat(str(GROUP))) is not None and c.waiting_input, what="waiting on input")
+    return tg.sent(GROUP)[0]
+
+
+def _answers(tg: FakeTelegram) -> list[str | None]:
+    return [c.get("text") for c in tg.calls_of("answerCallbackQuery")]
+
+
+async def test_a_prompt_answers_only_for_the_person_asked_or_an_owner(harness: Harness, tg: FakeTelegram,
+                                                                      fake_eve: FakeEve):
+    """S3: in a group, someone else's press is refused with a short answer; the asker's (or an
+    owner's) goes to eve."""
+    prompt = await _group_question(tg, harness)
+    await tg.press(prompt, "Approve", user_id=OTHER)
+    await tg.wait_for(lambda: len(_answers(tg)) == 1, 10, "the refusal")
+    assert _answers(tg) == ["This question is for the person who asked."]
+    assert (await harness.chat(str(GROUP))).waiting_input  # nothing reached eve
+    await tg.press(prompt, "Cancel", user_id=OWNER)  # owners may always answer
+    await harness.settled()
+    assert _answers(tg)[-1] == "✓"
+    assert tg.texts(GROUP)[-1].endswith("answered: cancel")
+
+
+async def test_a_forged_button_from_another_chat_answers_nothing(harness: Harness, tg: FakeTelegram):
+    """S3: callback data is bound to its chat: the same data pressed elsewhere is refused."""
+    prompt = await _group_question(tg, harness)
+    button = prompt["reply_markup"]["inline_keyboard"][0][0]
+    forged = {"id": "forged-1", "from": {"id": FRIEND, "is_bot": False, "first_name": "Bob"}, "chat_instance": "x",
+              "data": button["callback_data"],
+              "message": {"message_id": 1, "date": 0, "chat": {"id": FRIEND, "type": "private"}, "text": "x"}}
+    await tg.add_update({"callback_query": forged})
+    await tg.wait_for(lambda: len(_answers(tg)) == 1, 10, "the refusal")
+    assert _answers(tg) == ["This question is closed."]
+    assert (await harness.chat(str(GROUP))).waiting_input
+
+
+async def test_strangers_presses_are_answered_without_holding_the_loop(harness: Harness, tg: FakeTelegram):
+    """S3: a stranger's press costs the ingest loop no Bot API round trip: while Telegram holds
+    the answer, the next update is handled."""
+    prompt = await _group_question(tg, harness)
+    gate = asyncio.Event()
+
+    async def hold(_: dict) -> None:
+        await gate.wait()
+
+    tg.hooks["answerCallbackQuery"] = hold
+    try:
+        await tg.press(prompt, "Approve", user_id=666)
+        await tg.wait_for(lambda: tg.in_flight("answerCallbackQuery") == 1, 10, "the held answer")
+        await tg.message("/help", user_id=OWNER)
+        await tg.wait_texts(1, OWNER, timeout=10)
+    finally:
+        gate.set()
+        del tg.hooks["answerCallbackQuery"]
+
+
+async def test_status_shows_the_session_only_to_owners(harness: Harness, tg: FakeTelegram):
+    """S2: the eve session id is an internal; a friend's /status says what they need."""
+    for user in (OWNER, FRIEND):
+        await tg.message("hi", user_id=user)
+    await harness.settled()
+    sessions = {u: (await harness.chat(str(u))).eve_session for u in (OWNER, FRIEND)}
+    for user in (OWNER, FRIEND):
+        await tg.message("/status", user_id=user)
+        await tg.wait_texts(2, user)
+    assert sessions[OWNER] and sessions[OWNER] in tg.texts(OWNER)[-1]
+    assert sessions[FRIEND] and sessions[FRIEND] not in tg.texts(FRIEND)[-1]
+    assert "wrun_" not in json.dumps(tg.texts(FRIEND))
