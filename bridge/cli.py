@@ -113,10 +113,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  - {problem}", file=sys.stderr)
         return EXIT_CONFIG
 
+    # S5: no secret in any log line, whatever a library puts in an error text.
+    secrets = [settings.telegram_token, settings.eve_token, settings.api_token, getattr(settings, "mcp_token", None)]
     if args.command == "check":
-        log.configure("warning")
+        log.configure("warning", secrets=secrets)
         return asyncio.run(_check(settings))
-    log.configure(settings.log_level)
+    log.configure(settings.log_level, secrets=secrets)
     from .app import run
 
     return asyncio.run(run(settings))

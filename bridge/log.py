@@ -4,16 +4,59 @@ from __future__ import annotations
 
 import logging
 import sys
+import urllib.parse
+from collections.abc import Iterable, MutableMapping
+from typing import Any
 
 import structlog
 
-__all__ = ["configure", "get"]
+__all__ = ["Redactor", "configure", "get"]
+
+REDACTED = "***"
+
+
+class Redactor:
+    """A structlog processor that removes secrets from every value of an event, exception texts
+    included (it runs after they are formatted): a library's error text can hold a URL with the
+    bot token in it (``/file/bot<token>/…``)."""
+
+    def __init__(self, secrets: Iterable[str | None]) -> None:
+        forms: set[str] = set()
+        for secret in secrets:
+            if secret and len(secret) >= 8:
+                forms.update({secret, urllib.parse.quote(secret, safe=""), urllib.parse.quote(secret)})
+                _, sep, tail = secret.partition(":")
+                if sep and len(tail) >= 8:
+                    forms.add(tail)  # a bot token's secret part alone
+        self.forms = sorted(forms, key=len, reverse=True)
+
+    def scrub(self, value: Any) -> Any:
+        if isinstance(value, str):
+            for form in self.forms:
+                if form in value:
+                    value = value.replace(form, REDACTED)
+            return value
+        if isinstance(value, dict):
+            return {k: self.scrub(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self.scrub(v) for v in value)
+        if isinstance(value, BaseException):
+            return self.scrub(str(value))
+        return value
+
+    def __call__(self, _logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        if not self.forms:
+            return event
+        for key, value in event.items():
+            event[key] = self.scrub(value)
+        return event
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
-def configure(level: str = "info", *, json: bool | None = None) -> None:
-    """Configure logging once per process. ``json`` defaults to "stdout is not a terminal"."""
+def configure(level: str = "info", *, json: bool | None = None, secrets: Iterable[str | None] = ()) -> None:
+    """Configure logging once per process. ``json`` defaults to "stdout is not a terminal";
+    every ``secrets`` value is replaced by ``***`` in every line."""
     json = (not sys.stdout.isatty()) if json is None else json
     shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -38,6 +81,7 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.processors.format_exc_info,
+                Redactor(secrets),
                 renderer,
             ],
         )

@@ -186,6 +186,21 @@ async def daemon_factory(tmp_path: Path, tg: FakeTelegram):
                 await daemon.terminate(10)
             except TimeoutError:
                 await daemon.kill()
+    # S5: every line every daemon of the suite wrote is checked for the secrets it was given.
+    for daemon in daemons:
+        leaks = secret_leaks(daemon.log, daemon.env)
+        assert not leaks, f"a secret in {daemon.log}: {leaks[:3]}"
+
+
+def secret_leaks(log: Path, env: dict[str, str]) -> list[str]:
+    """Lines of ``log`` holding a secret of ``env`` (the bot token or its secret part, eve's,
+    the owner API's and the MCP server's tokens)."""
+    if not log.exists():
+        return []
+    secrets = [env.get(name) for name in ("IVA_TELEGRAM_TOKEN", "IVA_EVE_TOKEN", "IVA_API_TOKEN", "IVA_MCP_TOKEN")]
+    forms = {s for s in secrets if s and len(s) >= 8}
+    forms |= {s.partition(":")[2] for s in forms if len(s.partition(":")[2]) >= 8}
+    return [line[:300] for line in log.read_text(errors="replace").splitlines() if any(f in line for f in forms)]
 
 
 @pytest.fixture

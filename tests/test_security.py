@@ -100,3 +100,40 @@ async def test_status_shows_the_session_only_to_owners(harness: Harness, tg: Fak
     assert sessions[OWNER] and sessions[OWNER] in tg.texts(OWNER)[-1]
     assert sessions[FRIEND] and sessions[FRIEND] not in tg.texts(FRIEND)[-1]
     assert "wrun_" not in json.dumps(tg.texts(FRIEND))
+
+
+async def test_a_failed_download_logs_no_token(tg: FakeTelegram, fake_eve: FakeEve, bridge) -> None:
+    """S5: aiohttp's error text for a failed download holds the file URL, /file/bot<token>/…:
+    the log line says what failed, with the token removed. (daemon_factory then checks every
+    line of every daemon's log in the suite for the secrets.)"""
+    from tests.conftest import secret_leaks
+    from tests.fakes.telegram import TOKEN
+
+    tg.files["gone1"] = b"bytes"
+    tg.unreadable.add("gone1")
+    await tg.message(None, user_id=OWNER, extra={"caption": "look", "document": {
+        "file_id": "gone1", "file_unique_id": "gone1", "file_name": "a.txt", "mime_type": "text/plain",
+        "file_size": 5}})
+    await tg.wait_texts(1)
+    await bridge.settled()
+    logs = bridge.logs()
+    assert "telegram_download_failed" in logs
+    assert TOKEN.partition(":")[2] not in logs and "***" in logs
+    assert secret_leaks(bridge.log, bridge.env) == []
+
+
+async def test_files_from_a_local_bot_api_server_are_read_from_its_disk(harness: Harness, tg: FakeTelegram,
+                                                                        fake_eve: FakeEve, tmp_path: Path):
+    """A local Bot API server (--local) gives an absolute file_path and no download URL for it:
+    the file is read from disk (before, every download there failed, logging the token)."""
+    local = tmp_path / "served" / "doc.txt"
+    local.parent.mkdir()
+    local.write_bytes(b"local bytes")
+    tg.local_files["loc1"] = local
+    await tg.message(None, user_id=OWNER, extra={"caption": "read it", "document": {
+        "file_id": "loc1", "file_unique_id": "loc1", "file_name": "doc.txt", "mime_type": "text/plain",
+        "file_size": 11}})
+    await harness.settled()
+    body = fake_eve.sends()[-1]["message"]
+    assert isinstance(body, list) and any(p.get("type") == "file" for p in body), body
+    assert "could not be fetched" not in json.dumps(body)

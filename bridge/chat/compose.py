@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from aiogram import Bot
@@ -44,10 +46,18 @@ async def compose(bot: Bot, items: Sequence[Queued]) -> str | list[dict[str, Any
 
 async def _download(bot: Bot, attachment: Attachment) -> dict[str, Any] | None:
     try:
-        buffer = await bot.download(attachment.file_id, timeout=60)
+        file = await bot.get_file(attachment.file_id)
+        path = file.file_path or ""
+        if path.startswith("/"):
+            # A local Bot API server (--local) answers with the file's absolute path on its disk
+            # and serves no download URL for it: read it there.
+            data = await asyncio.to_thread(Path(path).read_bytes)
+        else:
+            buffer = await bot.download_file(path, timeout=60)
+            if buffer is None:
+                return None
+            data = buffer.read()
     except Exception as exc:  # a file we cannot fetch becomes a note in the text, not a lost turn
         logger.warning("telegram_download_failed", error=str(exc), name=attachment.name)
         return None
-    if buffer is None:
-        return None
-    return eve.file_part(buffer.read(), attachment.mime, attachment.name)
+    return eve.file_part(data, attachment.mime, attachment.name)

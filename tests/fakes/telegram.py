@@ -55,6 +55,8 @@ class FakeTelegram:
         # Called (and awaited) inside a method's handler before it answers: crash tests use it
         # to hold a request, or to act at the exact moment Telegram has done the work.
         self.hooks: dict[str, Any] = {}
+        self.unreadable: set[str] = set()  # file ids whose download fails (getFile still answers)
+        self.local_files: dict[str, Any] = {}  # file id → Path, served as a local Bot API server does
         self.files: dict[str, bytes] = {}  # file_id → bytes, served by getFile and /file/
         self.storm: Any = None  # a random.Random when a fault storm is on
         self.storm_rate = 0.0
@@ -328,10 +330,16 @@ class FakeTelegram:
         file_id = request.match_info["path"].rsplit("/", 1)[-1]
         if request.match_info["token"] != TOKEN or file_id not in self.files:
             return web.Response(status=404)
+        if file_id in self.unreadable:
+            return web.Response(status=502)  # getFile knows it; its download fails
         return web.Response(body=self.files[file_id])
 
     async def _m_getFile(self, params: dict[str, Any]) -> dict[str, Any] | Fault:
         file_id = str(params["file_id"])
+        if file_id in self.local_files:  # a local Bot API server (--local): an absolute path
+            path = self.local_files[file_id]
+            return {"file_id": file_id, "file_unique_id": file_id, "file_size": path.stat().st_size,
+                    "file_path": str(path)}
         if file_id not in self.files:
             return Fault(400, "Bad Request: invalid file_id")
         return {"file_id": file_id, "file_unique_id": file_id, "file_size": len(self.files[file_id]),
