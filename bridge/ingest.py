@@ -154,8 +154,11 @@ class Ingest:
             if member.new_chat_member.status in ("kicked", "left"):
                 async with self.store.db.transaction():
                     await self.transitions.bot_removed(member.chat.id, member.new_chat_member.status)
-                    if self.s.notebook is not None:
-                        await self.s.notebook.delete_chat(member.chat.id)  # N8: the notes go with the chat
+                    if self.s.notebook is not None and member.chat.type != "private":
+                        # N8: the bot is out of the group: the notes go with it (the archive stays,
+                        # for the owner's restore). A person blocking the bot in a private chat
+                        # has not deleted the chat: the notebook waits for them (S-review).
+                        await self.s.notebook.delete_chat(member.chat.id)
                 logger.info("bot_removed_from_chat", chat_id=member.chat.id)
             return "member"
         return "ignored"

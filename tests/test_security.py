@@ -137,3 +137,28 @@ async def test_files_from_a_local_bot_api_server_are_read_from_its_disk(harness:
     body = fake_eve.sends()[-1]["message"]
     assert isinstance(body, list) and any(p.get("type") == "file" for p in body), body
     assert "could not be fetched" not in json.dumps(body)
+
+
+async def test_blocking_the_bot_in_a_private_chat_keeps_the_notebook(tmp_path: Path, tg: FakeTelegram,
+                                                                      fake_eve: FakeEve):
+    """Blocking is not deleting the chat: the notes stay (and come back into use when the person
+    writes again)."""
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_NOTES_ENABLED="1")
+    await h.start()
+    try:
+        await tg.message("hello", user_id=OWNER)
+        await h.settled()
+        assert h.s.notebook is not None
+        await h.s.notebook.save(str(OWNER), "fact", "the sky is blue", description="a fact")
+        bot = {"id": 42, "is_bot": True, "first_name": "Iva"}
+        await tg.add_update({"my_chat_member": {
+            "chat": {"id": OWNER, "type": "private", "first_name": "Ann"},
+            "from": {"id": OWNER, "is_bot": False, "first_name": "Ann"}, "date": 1,
+            "old_chat_member": {"status": "member", "user": bot},
+            "new_chat_member": {"status": "kicked", "user": bot, "until_date": 0},
+        }})
+        await h.settled()
+        assert (await h.chat()).blocked
+        assert [n.name for n in await h.s.notebook.notes(str(OWNER))] == ["fact"]
+    finally:
+        await h.stop()
