@@ -28,7 +28,7 @@ from .ingest import Ingest
 from .metrics import METRICS
 from .notebook import McpServer, Notebook, NotebookConfig, OwnerApi, PressureTexts, Rebuilder
 from .sender import Sender
-from .state import open_state
+from .state import StateUnavailable, open_state
 from .texts import t
 
 __all__ = ["Bridge", "make_bot", "run"]
@@ -212,4 +212,6 @@ async def run(settings: Settings) -> int:
     except TelegramUnauthorizedError:
         logger.error("telegram_token_rejected")
         return 3
+    except StateUnavailable:
+        return 4  # logged by open_state: locked, read-only, full or not permitted; nothing moved
     return 0

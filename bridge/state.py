@@ -1,8 +1,16 @@
-"""Opening the state database, checked (R5): a file that fails the check is moved aside, never
-deleted, and a fresh one takes its place so the service keeps running."""
+"""Opening the state database, checked (R5, F2).
+
+Only a file that is corrupt — it fails ``PRAGMA quick_check``, or SQLite says it is not a
+database or is malformed — is moved aside (quarantined, never deleted) and a fresh one takes its
+place, so the service keeps running. A database that is locked by another process, read-only,
+on a full or failing disk, or not permitted is not corrupt: the bridge waits and tries again a
+few times, then fails loudly, moving nothing (a live service must never start over on an empty
+store because an operator's ``sqlite3`` shell held a lock).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -10,12 +18,24 @@ from pathlib import Path
 
 from diskqueue import Database, DatabaseError, DiskQueue
 
-from . import log
+from . import backoff, log
 from .store import Store
 
-__all__ = ["OpenedState", "open_state"]
+__all__ = ["OpenedState", "StateUnavailable", "open_state"]
 
 logger = log.get("bridge.state")
+
+OPEN_ATTEMPTS = 5
+_CORRUPT = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+class StateUnavailable(Exception):
+    """The state database could not be used (locked, read-only, full, not permitted), and is
+    not corrupt: nothing was moved; the operator must look."""
+
+
+class _Corrupt(DatabaseError):
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,12 +47,12 @@ class OpenedState:
     problem: str | None
 
 
-async def _open(path: Path) -> tuple[Database, DiskQueue, Store]:
-    db = await Database(path).open()
+async def _open(path: Path, busy_timeout_ms: int) -> tuple[Database, DiskQueue, Store]:
+    db = await Database(path, busy_timeout_ms=busy_timeout_ms).open()
     try:
         problems = await db.integrity_check()
         if problems:
-            raise DatabaseError("; ".join(problems[:3]))
+            raise _Corrupt("; ".join(problems[:3]))
         queue, store = DiskQueue(db), Store(db)
         await queue.migrate()
         await store.migrate()
@@ -40,6 +60,19 @@ async def _open(path: Path) -> tuple[Database, DiskQueue, Store]:
         await db.close()
         raise
     return db, queue, store
+
+
+def corrupt(exc: BaseException) -> bool:
+    """Whether an error opening the database says the file itself is bad (not the lock, the
+    disk or the permissions)."""
+    if isinstance(exc, _Corrupt):
+        return True
+    for error in (exc, exc.__cause__):
+        code = getattr(error, "sqlite_errorcode", None)
+        if code is not None:
+            return int(code) & 0xFF in _CORRUPT
+    text = str(exc).lower()
+    return "malformed" in text or "not a database" in text
 
 
 def _quarantine(path: Path) -> Path:
@@ -56,13 +89,25 @@ def _quarantine(path: Path) -> Path:
     return target
 
 
-async def open_state(path: Path) -> OpenedState:
-    try:
-        db, queue, store = await _open(path)
-        return OpenedState(db, queue, store, None, None)
-    except (DatabaseError, sqlite3.DatabaseError) as exc:
-        problem = str(exc)
+async def open_state(path: Path, *, attempts: int = OPEN_ATTEMPTS,
+                     busy_timeout_ms: int = 10_000) -> OpenedState:
+    """The database at ``path``, checked; a corrupt one quarantined; anything else retried
+    ``attempts`` times and then :class:`StateUnavailable`."""
+    for attempt in range(1, attempts + 1):
+        try:
+            db, queue, store = await _open(path, busy_timeout_ms)
+            return OpenedState(db, queue, store, None, None)
+        except (DatabaseError, sqlite3.DatabaseError) as exc:
+            if corrupt(exc):
+                problem = str(exc)
+                break
+            if attempt == attempts:
+                logger.error("state_database_unavailable", path=str(path), error=str(exc), attempts=attempts)
+                raise StateUnavailable(f"{path}: {exc}") from exc
+            wait = backoff.STARTUP.delay(attempt)
+            logger.warning("state_database_busy", path=str(path), error=str(exc), wait=round(wait, 1))
+            await asyncio.sleep(wait)
     target = _quarantine(path)
     logger.error("state_database_quarantined", path=str(path), moved_to=str(target), problem=problem)
-    db, queue, store = await _open(path)
+    db, queue, store = await _open(path, busy_timeout_ms)
     return OpenedState(db, queue, store, target, problem)
