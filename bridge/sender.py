@@ -9,11 +9,11 @@ back to plain text for that chunk; a blocked bot or a vanished chat raises :clas
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Mapping, Sequence
 
 from aiogram import Bot
 from aiogram.exceptions import (
+    ClientDecodeError,
     TelegramBadRequest,
     TelegramForbiddenError,
     TelegramMigrateToChat,
@@ -30,7 +30,7 @@ from aiogram.types import (
     ReplyParameters,
 )
 
-from . import log
+from . import backoff, log
 from .metrics import METRICS
 from .render import Chunk, render
 from .store import Outgoing, Store
@@ -39,7 +39,6 @@ __all__ = ["ChatGone", "Sender", "Typing"]
 
 logger = log.get("bridge.sender")
 
-MAX_BACKOFF = 30.0
 TYPING_EVERY = 4.5
 
 
@@ -48,8 +47,7 @@ class ChatGone(Exception):
 
 
 def _backoff(attempt: int) -> float:
-    factor: int = 2**attempt  # int ** int is typed Any (a negative power is a float)
-    return min(MAX_BACKOFF, 0.5 * factor) * (1 + random.uniform(0, 0.2))
+    return backoff.TELEGRAM.delay(attempt)
 
 
 _GONE_MARKERS = ("chat not found", "bot was kicked", "user is deactivated", "message thread not found",
@@ -70,25 +68,34 @@ class Sender:
     def __init__(self, bot: Bot, store: Store) -> None:
         self.bot = bot
         self.store = store
+        self._unrecorded: dict[int, tuple[int, list[int]]] = {}  # outbox id → parts Telegram has
 
     async def deliver(self, out: Outgoing) -> None:
-        """Send one outbox row to the end, recording progress; raises ChatGone."""
+        """Send one outbox row to the end, recording progress; raises ChatGone.
+
+        F3: what Telegram took is remembered in process until its record commits, so a record
+        that fails (a lock, a full disk) is retried without sending the part again; only a
+        crash in between can send it twice (the documented send → record window)."""
         chunks = render(out.text, markdown=out.format == "markdown")
-        ids = list(out.message_ids)
+        sent, ids = max((out.chunks_sent, list(out.message_ids)), self._unrecorded.get(out.id, (0, [])),
+                        key=lambda progress: progress[0])
+        ids = list(ids)
         chat_id = out.chat_id
         for number, chunk in enumerate(chunks):
-            if number < out.chunks_sent:
+            if number < sent:
                 continue
             reply_to = out.reply_to if number == 0 else None
             markup = _keyboard(out.markup) if number == len(chunks) - 1 else None
             message_id, chat_id = await self._send_chunk(chat_id, out.thread_id, chunk, reply_to, markup)
             ids.append(message_id)
+            self._unrecorded[out.id] = (number + 1, list(ids))
             METRICS.telegram_sent.inc()
             if number + 1 < len(chunks):
                 await self.store.record_chunk(out.id, number + 1, ids)
         # One commit records the last part and the row's end: the duplicate window is only
         # between Telegram's answer and this commit.
         await self.store.finish_outgoing(out.id, chunks_sent=len(chunks), message_ids=ids)
+        self._unrecorded.pop(out.id, None)
 
     async def _send_chunk(
         self, chat_id: int, thread_id: int | None, chunk: Chunk, reply_to: int | None,
@@ -110,6 +117,20 @@ class Sender:
                     reply_markup=markup,
                 )
                 return message.message_id, chat_id
+            except ClientDecodeError as exc:
+                data = exc.data
+                if isinstance(data, dict) and data.get("ok") is True:
+                    # F3: ok means delivered, even when the rest of the answer cannot be read
+                    # (a proxy, a newer Bot API, an emulator): record it, never send it again.
+                    result = data.get("result")
+                    message_id = result.get("message_id") if isinstance(result, dict) else None
+                    logger.warning("telegram_answer_undecodable_but_ok", chat_id=chat_id, error=exc.message)
+                    return (message_id if isinstance(message_id, int) else 0), chat_id
+                METRICS.telegram_retries.labels(reason="undecodable").inc()
+                delay = _backoff(attempt)
+                attempt += 1
+                logger.warning("telegram_answer_undecodable", chat_id=chat_id, error=exc.message, wait=round(delay, 2))
+                await asyncio.sleep(delay)
             except TelegramRetryAfter as exc:
                 METRICS.telegram_retries.labels(reason="429").inc()
                 logger.warning("telegram_retry_after", chat_id=chat_id, retry_after=exc.retry_after)

@@ -59,6 +59,14 @@ class KillingDatabase(Database):
         self.image = image
         self.statements = 0
         self.killed = asyncio.Event()
+        self.failing: dict[str, int] = {}  # SQL prefix → the next N such statements fail (a lock, a full disk)
+
+    async def execute(self, sql: str, params: Any = ()) -> int:
+        for prefix, left in self.failing.items():
+            if left and sql.startswith(prefix):
+                self.failing[prefix] = left - 1
+                raise sqlite3.OperationalError("database is locked")
+        return await super().execute(sql, params)
 
     async def _run(self, fn: Callable[..., T]) -> T:
         self.statements += 1

@@ -280,3 +280,23 @@ async def test_a_second_compact_while_a_released_one_may_start_is_refused(tmp_pa
         assert "Already compacting — I'll say when it's done." in tg.texts(), tg.texts()
     finally:
         await h.stop()
+
+
+async def test_an_ok_answer_that_cannot_be_decoded_is_delivered_once(harness: Harness, tg: FakeTelegram):
+    """F3: ok:true means delivered, even when aiogram cannot validate the rest of the answer
+    (against telegram-test-api the same reply went out eight times and the chat stayed busy)."""
+    tg.garble["sendMessage"] = 1
+    await tg.message("hello", user_id=OWNER)
+    await harness.settled()
+    assert [c["text"] for c in tg.calls_of("sendMessage")] == ["echo: hello"]
+
+
+async def test_a_reply_whose_record_fails_is_not_sent_again(harness: Harness, tg: FakeTelegram):
+    """F3: the "sent" record fails (a lock, a full disk) a few times: the worker retries the
+    record, not the send."""
+    assert harness.db is not None
+    harness.db.failing["UPDATE outbox SET state"] = 2
+    await tg.message("hello", user_id=OWNER)
+    await harness.settled(30)
+    assert [c["text"] for c in tg.calls_of("sendMessage")] == ["echo: hello"]
+    assert harness.db.failing["UPDATE outbox SET state"] == 0
