@@ -480,13 +480,29 @@ class Store:
                              "updated_at": r["updated_at"]} for r in rows}
 
     async def recent_exchange(self, address: str, *, limit: int) -> list[sqlite3.Row]:
-        """The chat's latest handled messages (payload JSON) and sent replies, newest first:
-        rows of (at, who = 'user' | 'assistant', text)."""
+        """The chat's owner-authored exchange, newest first: rows of (at, who = 'owner' |
+        'assistant', text) — S5, the notebook rebuild's only context.
+
+        'owner': the text of a handled message whose queue payload says ``owner: true``; nobody
+        else's words, ever. 'assistant': a reply sent during a turn whose every message was the
+        owner's (a turn's messages share the claim and are acked at its end, and a chat runs one
+        turn at a time, so the reply's time places it in its turn); replies to turns that anyone
+        else took part in, prompts and the bridge's own notices are left out.
+        """
         return await self.db.fetchall(
-            "SELECT enqueued_at AS at, 'user' AS who, payload AS text FROM diskqueue_messages "
-            "WHERE address = ? AND state = 2 "
-            "UNION ALL SELECT created_at AS at, 'assistant' AS who, text FROM outbox "
-            "WHERE address = ? AND state = 'sent' AND format = 'markdown' "
+            "WITH done AS (SELECT claim, enqueued_at, claimed_at, finished_at, "
+            "  CASE WHEN json_valid(payload) THEN coalesce(json_extract(payload, '$.kind'), 'message') END AS kind, "
+            "  CASE WHEN json_valid(payload) THEN json_extract(payload, '$.owner') END AS owner, "
+            "  CASE WHEN json_valid(payload) THEN json_extract(payload, '$.text') END AS text "
+            "  FROM diskqueue_messages WHERE address = ? AND state = 2 AND claim IS NOT NULL), "
+            "turns AS (SELECT min(claimed_at) AS began, max(finished_at) AS ended, "
+            "  sum(CASE WHEN kind = 'input' OR (kind = 'message' AND owner = 1) THEN 0 ELSE 1 END) AS others "
+            "  FROM done GROUP BY claim) "
+            "SELECT enqueued_at AS at, 'owner' AS who, text FROM done "
+            "WHERE kind = 'message' AND owner = 1 AND typeof(text) = 'text' "
+            "UNION ALL SELECT o.created_at AS at, 'assistant' AS who, o.text FROM outbox o "
+            "WHERE o.address = ? AND o.state = 'sent' AND o.format = 'markdown' AND o.markup IS NULL "
+            "AND EXISTS (SELECT 1 FROM turns t WHERE t.others = 0 AND o.created_at BETWEEN t.began AND t.ended) "
             "ORDER BY at DESC LIMIT ?", (address, address, limit),
         )
 

@@ -1,18 +1,27 @@
 """N7: the notebook's rebuild, after a turn, never in front of the reply.
 
-A one-shot call of the chat's own model through eve: a throwaway session (our MCP server does
-not know it, so it gets no tools), reset afterwards. Its input is every note plus the freshest
-read-only context the bridge holds: eve 0.80.1 exposes no compaction summary over HTTP
-(PROTOCOL.md §13), so it is the chat's recent messages and replies from our own tables. The
-answer must pass every check of :func:`rules.validate_rebuild`; a failure is retried once with
-a target twice as strict, then the old notebook stays and a warning is logged. A failed
-rebuild is not tried again until the notebook changes, so it cannot loop.
+A one-shot call of the chat's own model through eve: a throwaway session, reset afterwards. Its
+input is every note plus the freshest read-only context the bridge holds: eve 0.80.1 exposes no
+compaction summary over HTTP (PROTOCOL.md §13), so it is the chat's recent exchange from our own
+tables — owner-authored only (S5): the owner's messages and the replies to turns that were the
+owner's alone, never anyone else's words. The answer must pass every check of
+:func:`rules.validate_rebuild`; a failure is retried once with a target twice as strict, then the
+old notebook stays and a warning is logged. A failed rebuild is not tried again until the notebook
+changes, so it cannot loop.
+
+No tools (S5). eve 0.80.1 has no per-session way to withhold an agent's tools (a session create or
+send takes ``message``, ``clientContext``, ``turnPolicy``, ``outputSchema``, ``callback`` and
+``operationId``; the tool set is the agent's, fixed at build), so the rebuild: tells the model the
+task has no tools; is unknown to our MCP server, which refuses it every notebook tool; and watches
+its stream — the first sign of a tool call (an ``action.*`` or ``actions.requested`` event, an
+``input.requested`` approval, a step that ended in ``tool-calls``) stops reading, resets the
+session at once (which cancels the turn) and voids the answer. A voided rebuild is not retried
+with this notebook: whatever provoked the call is still in it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import eve_client as eve
@@ -22,7 +31,7 @@ from ..store import Store
 from .rules import needs_rebuild, rebuild_prompt, totals, validate_rebuild
 from .service import Notebook
 
-__all__ = ["Rebuilder"]
+__all__ = ["Rebuilder", "ToolUsed", "tool_call"]
 
 logger = log.get("bridge.notebook.rebuild")
 
@@ -73,6 +82,13 @@ class Rebuilder:
                                     target_notes=max(1, limits.target_notes // divisor), strict=attempt > 1)
             try:
                 answer = await self._ask(address, prompt)
+            except ToolUsed as exc:
+                logger.warning("notes_rebuild_voided_tool_call", address=address, attempt=attempt,
+                               tools=exc.tools, sign=exc.event)
+                await self.notebook.rebuild_failed(address, version)
+                logger.warning("notes_rebuild_gave_up_old_notebook_kept", address=address,
+                               reason="the model called a tool")
+                return "tool_used"
             except (eve.EveError, TimeoutError) as exc:
                 logger.warning("notes_rebuild_call_failed", address=address, attempt=attempt, error=str(exc))
                 return "eve_failed"  # not the answer's fault: the next turn may try again
@@ -95,7 +111,8 @@ class Rebuilder:
         return "rejected"
 
     async def _ask(self, address: str, prompt: str) -> str:
-        """One turn in a throwaway session; its usage is the chat's spend under ``notes``."""
+        """One turn in a throwaway session; its usage is the chat's spend under ``notes``. Raises
+        :class:`ToolUsed` at the first sign of a tool call."""
         session = await self.eve.create_session(prompt)
         text = ""
         calls = tokens_in = tokens_out = cached = 0
@@ -111,6 +128,9 @@ class Rebuilder:
                             tokens_in += event.usage.input_tokens or 0
                             tokens_out += event.usage.output_tokens or 0
                             cached += event.usage.cache_read_tokens or 0
+                    tools = tool_call(event)
+                    if tools is not None:
+                        raise ToolUsed(event.type, tools)
                     if event.terminal:
                         ended = True
                     if isinstance(event, eve.SessionWaiting) and ended:
@@ -128,24 +148,46 @@ class Rebuilder:
         return text
 
     async def _context(self, address: str) -> str:
-        """The chat's latest messages and replies, newest kept, within CONTEXT_CHARS."""
+        """The chat's latest owner-authored exchange (S5), newest kept, within CONTEXT_CHARS, one
+        line per message (so no line of it can pass for a heading or a section of the prompt)."""
         rows = await self.store.recent_exchange(address, limit=40)
         lines: list[str] = []
         used = 0
         for row in rows:
-            text = row["text"]
-            if row["who"] == "user":
-                try:
-                    text = json.loads(text).get("text") or ""
-                except (ValueError, AttributeError):
-                    text = ""
-            text = " ".join(str(text).split())[:1500]
+            text = " ".join(str(row["text"] or "").split())[:1500]
             if not text:
                 continue
-            line = f"{row['who']}: {text}"
+            line = f"{'owner' if row['who'] == 'owner' else 'you'}: {text}"
             if used + len(line) > CONTEXT_CHARS:
                 break
             lines.append(line)
             used += len(line)
         return "\n".join(reversed(lines))
 
+
+class ToolUsed(Exception):
+    """The rebuild's model called (or tried to call) a tool: the answer is void (S5)."""
+
+    def __init__(self, event: str, tools: list[str]) -> None:
+        super().__init__(f"{event}: {', '.join(tools) or 'a tool'}")
+        self.event = event
+        self.tools = tools
+
+
+def tool_call(event: eve.Event) -> list[str] | None:
+    """The tools an event shows being called or asked for (names, possibly empty), or None when it
+    shows no tool call."""
+    data = event.data
+    if isinstance(event, eve.ActionsRequested):
+        actions = data.get("actions")
+        return [str(a.get("toolName") or "") for a in actions if isinstance(a, dict)] if isinstance(actions, list) else []
+    if isinstance(event, eve.ActionResult):
+        result = data.get("result")
+        return [str(result.get("toolName") or "")] if isinstance(result, dict) else []
+    if event.type.startswith("action"):  # action.input.appended and whatever else eve adds
+        return [str(data.get("toolName") or "")]
+    if isinstance(event, eve.InputRequested):  # a tool approval or a question: nobody answers here
+        return [r.kind for r in event.requests]
+    if isinstance(event, eve.StepCompleted) and event.finish_reason == "tool-calls":
+        return []  # eve refused the call (no such tool) but the model made one
+    return None
