@@ -141,6 +141,16 @@ class DiskQueue:
             params.append(claim)
         return await self.db.execute(sql, params)
 
+    async def reassign(self, ids: Sequence[int], *, claim: str, to: str) -> int:
+        """In-flight messages under ``claim`` move to the claim ``to`` (still in flight)."""
+        if not ids:
+            return 0
+        marks = ",".join("?" * len(ids))
+        return await self.db.execute(
+            f"UPDATE diskqueue_messages SET claim = ? WHERE state = ? AND claim = ? AND id IN ({marks})",
+            [to, State.INFLIGHT, claim, *ids],
+        )
+
     async def ack(self, ids: Sequence[int], *, claim: str | None = None) -> int:
         """INFLIGHT → DONE; returns how many rows it applied to (0: not in flight, or another claim)."""
         return await self._move(ids, State.INFLIGHT, State.DONE, claim=claim)

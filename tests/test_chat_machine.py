@@ -10,8 +10,10 @@ machine at every await that touches the state.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,6 +24,7 @@ from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness
 
 A = str(OWNER)
+_NOCHAT = SimpleNamespace(eve_session=None)
 
 
 def routes(fake: FakeEve) -> list[str]:
@@ -300,3 +303,34 @@ async def test_a_reply_whose_record_fails_is_not_sent_again(harness: Harness, tg
     await harness.settled(30)
     assert [c["text"] for c in tg.calls_of("sendMessage")] == ["echo: hello"]
     assert harness.db.failing["UPDATE outbox SET state"] == 0
+
+
+async def test_a_kill_at_every_statement_of_a_steer(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
+    """F4 (immediate policy): a message steered into a running turn is claimed, sent, recorded;
+    killed anywhere in between, it is never acknowledged unanswered — eve answers it in the
+    turn or in the next one."""
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_TURN_POLICY="immediate",
+                IVA_ALLOWED_USER_IDS=",".join(map(str, SWEEP_USERS)))
+    await h.start()
+    try:
+        for k, user in enumerate(SWEEP_USERS, start=1):
+            await tg.message("slow one [[delay=1]]", user_id=user)
+            await h.until(lambda user=user: any(
+                s.running and "slow one" in json.dumps(s.events) for s in fake_eve.sessions.values()
+                if s.id == (h.maybe_chat(str(user)) or _NOCHAT).eve_session), what="eve running the turn")
+            assert h.db is not None
+            image = tmp_path / f"k{k}-image"
+            h.db.kill_at, h.db.image = h.db.statements + k, image
+            await tg.message("actually, this", user_id=user)
+            db = h.db
+            await h.until(lambda db=db: db.killed.is_set() or _quiet(h), timeout=20, what="killed or done")
+            if db.killed.is_set():
+                await h.restart_from(image)
+            await h.settled(30)
+            texts = tg.texts(user)
+            assert any("actually, this" in t for t in texts), (k, texts)
+            if not db.killed.is_set():
+                break
+        assert k > 5
+    finally:
+        await h.stop()

@@ -332,7 +332,10 @@ class BusyPeriod:
     async def _steer(self, chat: Chat) -> bool:
         """Messages for a running turn: button answers as inputResponses, texts as a steer (T4, T5)."""
         s, claim = self.s, self._owned()
-        claimed = await s.queue.claim(self.address, limit=s.settings.batch_size, claim=claim)
+        # F4: claimed under a claim of their own until eve has them: a crash in between puts them
+        # back in the queue at the turn's end instead of acknowledging what eve never got.
+        steer = f"{claim}:steer"
+        claimed = await s.queue.claim(self.address, limit=s.settings.batch_size, claim=steer)
         if not claimed:
             return False
         answers = [m for m in claimed if isinstance(decode(m.payload), InputAnswer)]
@@ -345,7 +348,9 @@ class BusyPeriod:
                 ])
             except eve.EveError as exc:
                 logger.warning("eve_input_response_failed", error=str(exc))
-                await s.queue.nack([m.id for m in answers], claim=claim)
+                await s.queue.nack([m.id for m in answers], claim=steer)
+            else:
+                await s.queue.ack([m.id for m in answers], claim=steer)
         if not messages:
             return False
         items = [decode(m.payload) for m in messages]
@@ -353,13 +358,14 @@ class BusyPeriod:
             # Someone else's words join the owner's turn: from here on it is not the owner's (N1).
             await s.transitions.turn_shared(self.address, claim)
         try:
-            delivery = await send(s, self.address, claim, items, policy="steer")
+            delivery = await send(s, self.address, claim, items, policy="steer", steered=[m.id for m in messages],
+                                  steer_claim=steer)
         except Lost as exc:
             await lose(s, self.address, claim, str(exc))
             return True
         except eve.EveError as exc:
             logger.warning("eve_steer_failed", error=str(exc))
-            await s.queue.nack([m.id for m in messages], claim=claim)
+            await s.queue.nack([m.id for m in messages], claim=steer)
             return False
         if delivery.delivery_id:
             self.pending.add(delivery.delivery_id)

@@ -27,7 +27,7 @@ class Lost(Exception):
 
 
 async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *,
-               policy: eve.TurnPolicy) -> eve.Delivery:
+               policy: eve.TurnPolicy, steered: Sequence[int] = (), steer_claim: str | None = None) -> eve.Delivery:
     """Deliver to eve; a session eve no longer knows is replaced once, transparently (a steer
     cannot be: its turn is in the old session)."""
     for attempt in (1, 2):
@@ -43,7 +43,8 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
             await s.transitions.session_dropped(address, claim)
             continue
         # The one-shot marks (N6) once the block is with eve: a crash before this shows it again.
-        await s.transitions.delivered(address, claim, delivery.delivery_id, marks)
+        await s.transitions.delivered(address, claim, delivery.delivery_id, marks, steered=steered,
+                                      steer_claim=steer_claim)
         return delivery
     raise AssertionError("unreachable")
 

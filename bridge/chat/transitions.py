@@ -243,11 +243,16 @@ class Transitions:
             await self._write(address, FRESH_SESSION)
 
     async def delivered(self, address: str, claim: str, delivery_id: str | None,
-                        marks: Mapping[str, int] | None = None) -> None:
-        """eve has a message of this turn; the one-shot notebook marks (N6) go with it."""
+                        marks: Mapping[str, int] | None = None, *, steered: Sequence[int] = (),
+                        steer_claim: str | None = None) -> None:
+        """eve has a message of this turn; the one-shot notebook marks (N6) go with it. A steered
+        message (claimed under ``steer_claim`` until eve had it, F4) joins the turn's claim in
+        the same commit."""
         async with self.store.db.transaction():
             chat = await self._owned(address, claim, ChatState.TURN)
             known = [*chat.deliveries, delivery_id] if delivery_id else list(chat.deliveries)
+            if steered and steer_claim is not None:
+                await self.queue.reassign(steered, claim=steer_claim, to=claim)
             await self._write(address, deliveries=known, progress_at=self.clock(), **(marks or {}))
 
     async def advance(self, address: str, claim: str, cursor: int) -> None:
@@ -313,8 +318,8 @@ class Transitions:
     async def give_back(self, address: str, claim: str) -> None:
         """busy(turn) → idle without a turn (eve never had it): the messages go back to the head."""
         async with self.store.db.transaction():
-            chat = await self._owned(address, claim, ChatState.TURN)
-            await self.queue.nack([m.id for m in await self.queue.inflight(address)], claim=chat.claim)
+            await self._owned(address, claim, ChatState.TURN)
+            await self.queue.nack([m.id for m in await self.queue.inflight(address)])
             await self._write(address, _IDLE)
 
     async def fail_turn(self, address: str, claim: str) -> tuple[Chat, list[Message]]:
@@ -335,10 +340,16 @@ class Transitions:
             return chat, inflight
 
     async def _ack_inflight(self, chat: Chat) -> list[Message]:
+        """The turn's messages are done; any other in flight (a steer eve never confirmed, F4)
+        goes back to the head of the queue. Returns the turn's."""
         inflight = await self.queue.inflight(chat.address)
-        if inflight:
-            await self.queue.ack([m.id for m in inflight], claim=chat.claim)
-        return inflight
+        mine = [m for m in inflight if m.claim == chat.claim]
+        others = [m.id for m in inflight if m.claim != chat.claim]
+        if mine:
+            await self.queue.ack([m.id for m in mine], claim=chat.claim)
+        if others:
+            await self.queue.nack(others)
+        return mine
 
     # -- compactions -----------------------------------------------------------------------
 
@@ -467,7 +478,8 @@ class Transitions:
             chat = await self._chat(address)
             if not chat.reset_requested:
                 raise IllegalTransition(f"{address}: no /new waits")
-            await self._ack_inflight(chat)
+            inflight = await self.queue.inflight(address)
+            await self.queue.ack([m.id for m in inflight])  # /new: what was in flight is done with
             await self._write(address, _IDLE, FRESH_SESSION, reset_mark=False, reset_requested=False,
                               reset_reply_to=None, reset_dropped=0)
             return chat
