@@ -162,3 +162,30 @@ async def test_blocking_the_bot_in_a_private_chat_keeps_the_notebook(tmp_path: P
         assert [n.name for n in await h.s.notebook.notes(str(OWNER))] == ["fact"]
     finally:
         await h.stop()
+
+
+async def test_the_bot_removed_from_a_group_archives_its_notes_before_deleting(tmp_path: Path, tg: FakeTelegram,
+                                                                              fake_eve: FakeEve):
+    """N8 with S-review: the group's notes go, but to the archive first: the owner can restore."""
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_NOTES_ENABLED="1")
+    await h.start()
+    try:
+        await tg.message(f"@{BOT_USERNAME} hello", user_id=OWNER, chat_id=GROUP, chat_type="supergroup",
+                         entities=[{"type": "mention", "offset": 0, "length": len(BOT_USERNAME) + 1}])
+        await h.settled()
+        nb = h.s.notebook
+        assert nb is not None
+        await nb.save(str(GROUP), "plan", "ship friday", description="the plan")
+        bot = {"id": 42, "is_bot": True, "first_name": "Iva"}
+        await tg.add_update({"my_chat_member": {
+            "chat": {"id": GROUP, "type": "supergroup", "title": "Group"},
+            "from": {"id": OWNER, "is_bot": False, "first_name": "Ann"}, "date": 1,
+            "old_chat_member": {"status": "member", "user": bot},
+            "new_chat_member": {"status": "left", "user": bot},
+        }})
+        await h.settled()
+        assert await nb.notes(str(GROUP)) == []
+        assert await nb.restore(str(GROUP)) == 1
+        assert [n.name for n in await nb.notes(str(GROUP))] == ["plan"]
+    finally:
+        await h.stop()

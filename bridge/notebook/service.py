@@ -171,14 +171,17 @@ class Notebook:
         return bool(gone)
 
     async def delete_chat(self, chat_id: int) -> int:
-        """N8: the chat is gone (the bot was removed or blocked): its notes go with it."""
+        """N8: the bot is out of the group: its notes go with it — to the archive first, so the
+        owner can still restore them through the API."""
         async with self.db.transaction():
             rows = await self.db.fetchall("SELECT address FROM chats WHERE chat_id = ?", (chat_id,))
             addresses = [r["address"] for r in rows]
             gone = 0
             for address in addresses:
+                notes = await self.notes(address)
+                if notes:
+                    await self._archive(address, notes, "chat gone")
                 gone += await self.db.execute("DELETE FROM notes WHERE address = ?", (address,))
-                await self.db.execute("DELETE FROM notes_archive WHERE address = ?", (address,))
                 await self.db.execute("DELETE FROM notes_seen WHERE address = ?", (address,))
                 await self._bump(address)
         logger.info("chat_notes_deleted", chat_id=chat_id, notes=gone)
