@@ -17,6 +17,7 @@ import structlog
 from aiogram import Bot
 from aiogram.exceptions import (
     ClientDecodeError,
+    TelegramConflictError,
     TelegramNetworkError,
     TelegramRetryAfter,
     TelegramServerError,
@@ -37,6 +38,7 @@ __all__ = ["Ingest"]
 logger = log.get("bridge.ingest")
 
 POLL_TIMEOUT = 25
+EMPTY_POLL_FLOOR = 0.5  # seconds between two empty answers to a long poll, at least
 ALLOWED_UPDATES = ["message", "callback_query", "my_chat_member"]
 RECEIPT_QUEUED = "👀"
 RECEIPT_STEERED = "⚡"
@@ -64,6 +66,7 @@ class Ingest:
         failures = 0
         while True:
             self.alive_at = time.monotonic()
+            asked = time.monotonic()
             try:
                 updates: list[Update | int] = await self.bot.get_updates(  # type: ignore[assignment]
                     offset=self.offset,
@@ -84,6 +87,14 @@ class Ingest:
                     await asyncio.sleep(backoff.POLL.delay(failures))
                     continue
                 updates = salvaged
+            except TelegramConflictError as exc:
+                # Another process polls this bot, or a webhook is set: keep trying (slowly) and
+                # let /healthz say polling is stale; never crash the service over it.
+                failures += 1
+                wait = backoff.POLL.delay(failures)
+                logger.error("telegram_poll_conflict", error=exc.message[:300], wait=round(wait, 2))
+                await asyncio.sleep(wait)
+                continue
             except (TelegramNetworkError, TelegramServerError) as exc:
                 failures += 1
                 wait = backoff.POLL.delay(failures)
@@ -92,6 +103,10 @@ class Ingest:
                 continue
             failures = 0
             self.last_poll_ok = time.time()
+            if not updates and time.monotonic() - asked < EMPTY_POLL_FLOOR:
+                # A server that answers a long poll at once (an emulator, a proxy) must not make
+                # us ask thousands of times a second.
+                await asyncio.sleep(EMPTY_POLL_FLOOR - (time.monotonic() - asked))
             for update in updates:
                 if isinstance(update, int):  # an update we could not decode, logged by _salvage
                     self.offset = update + 1

@@ -10,6 +10,7 @@ machine at every await that touches the state.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -334,3 +335,24 @@ async def test_a_kill_at_every_statement_of_a_steer(tmp_path: Path, tg: FakeTele
         assert k > 5
     finally:
         await h.stop()
+
+
+async def test_a_conflict_on_getupdates_does_not_stop_the_bridge(harness: Harness, tg: FakeTelegram):
+    """409 Conflict (another poller, a webhook set): logged and retried; once it clears, the
+    waiting message is answered (before, the polling task died with it)."""
+    tg.fail("getUpdates", 409, "Conflict: terminated by other getUpdates request", times=2)
+    await tg.message("still there?", user_id=OWNER)
+    await harness.settled(30)
+    assert tg.texts() == ["echo: still there?"]
+
+
+async def test_a_bot_api_that_answers_long_polls_at_once_is_not_hammered(harness: Harness, tg: FakeTelegram):
+    """An emulator that ignores getUpdates' timeout: empty polls keep a floor between them."""
+    from bridge.ingest import EMPTY_POLL_FLOOR
+
+    tg.instant_polls = True
+    first = len(tg.calls_of("getUpdates"))
+    await tg.wait_for(lambda: len(tg.calls_of("getUpdates")) >= first + 4, 15, "four polls")
+    at = [c.at for c in tg.calls if c.method == "getUpdates"][first + 1:first + 4]
+    gaps = [b - a for a, b in itertools.pairwise(at)]
+    assert min(gaps) >= EMPTY_POLL_FLOOR * 0.9, gaps

@@ -55,6 +55,7 @@ class FakeTelegram:
         # Called (and awaited) inside a method's handler before it answers: crash tests use it
         # to hold a request, or to act at the exact moment Telegram has done the work.
         self.hooks: dict[str, Any] = {}
+        self.instant_polls = False  # getUpdates answers at once, whatever its timeout (an emulator)
         self.garble: dict[str, int] = {}  # method → the next N answers are ok:true but undecodable
         self.unreadable: set[str] = set()  # file ids whose download fails (getFile still answers)
         self.local_files: dict[str, Any] = {}  # file id → Path, served as a local Bot API server does
@@ -359,7 +360,7 @@ class FakeTelegram:
         if offset:
             self.confirmed = max(self.confirmed, int(offset))
         limit = int(params.get("limit") or 100)
-        timeout = float(params.get("timeout") or 0)
+        timeout = 0.0 if self.instant_polls else float(params.get("timeout") or 0)
         deadline = time.monotonic() + timeout
         async with self._changed:
             while True:
