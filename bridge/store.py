@@ -510,6 +510,12 @@ class Store:
         row = await self.db.fetchone("SELECT * FROM chats WHERE eve_session = ?", (session,))
         return Chat.from_row(row) if row else None
 
+    async def fail_outgoing_of_address(self, address: str) -> int:
+        return await self.db.execute(
+            "UPDATE outbox SET state = 'failed', sent_at = ? WHERE address = ? AND state = 'pending'",
+            (time.time(), address),
+        )
+
     async def fail_outgoing_of_chat(self, chat_id: int) -> int:
         return await self.db.execute(
             "UPDATE outbox SET state = 'failed', sent_at = ? WHERE chat_id = ? AND state = 'pending'",

@@ -172,12 +172,13 @@ class Transitions:
         await self.store.touch_chat(address, chat_id, thread_id, lang)
 
     async def mark_blocked(self, address: str, reason: str) -> None:
-        """A send found the chat gone or the bot blocked: nothing more goes to it (until a new
-        message from it unblocks it); what was pending for the chat fails."""
+        """A send found the chat (or this forum topic) gone or the bot blocked: nothing more goes
+        to this address (until a new message from it unblocks it); what was pending for it fails.
+        Other topics of the same group keep theirs: each learns for itself whether it is gone."""
         async with self.store.db.transaction():
-            chat = await self._chat(address)
+            await self._chat(address)
             await self._write(address, blocked=True, blocked_reason=reason[:200])
-            await self.store.fail_outgoing_of_chat(chat.chat_id)
+            await self.store.fail_outgoing_of_address(address)
 
     async def bot_removed(self, chat_id: int, reason: str) -> None:
         """my_chat_member kicked/left: every address of the Telegram chat (its topics too)."""

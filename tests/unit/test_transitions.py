@@ -367,3 +367,19 @@ async def test_a_compaction_caught_by_the_upgrade_to_the_phase_is_migrated_as_po
         assert chats["2"] is not None and chats["2"].compact_phase is None
     finally:
         await db.close()
+
+
+async def test_a_gone_topic_fails_only_its_own_replies(tmp_path: Path) -> None:
+    """A deleted forum topic (ChatGone for one thread) blocks that address; the group's other
+    topics keep their pending replies (before, every topic's were failed)."""
+    db, tr = await _open(tmp_path)
+    try:
+        for address, thread in (("-100:5", 5), ("-100:7", 7)):
+            await tr.touch(address, -100, thread, "en")
+            await tr.store.put_outgoing(address, f"k{thread}", -100, thread, "reply")
+        await tr.mark_blocked("-100:5", "Bad Request: message thread not found")
+        assert [o.key for o in await tr.store.pending_outgoing("-100:7")] == ["k7"]
+        assert await tr.store.pending_outgoing("-100:5") == []
+        assert await tr.store.is_blocked("-100:5") and not await tr.store.is_blocked("-100:7")
+    finally:
+        await db.close()
