@@ -22,7 +22,7 @@ from . import backoff, log, systemd
 from .chat.services import ContextWindow, Services
 from .chat.worker import Scheduler
 from .commands import Commands
-from .config import Settings
+from .config import Settings, listener_problem
 from .http import Listener
 from .ingest import Ingest
 from .metrics import METRICS
@@ -148,8 +148,11 @@ class Bridge:
             stack.push_async_callback(scheduler.close)
             ingest = Ingest(services=services, me=me, scheduler=scheduler, commands=Commands(services, scheduler))
             routes = [OwnerApi(s.api_token, notebook, store).routes]
-            if notebook.enabled:
-                routes.append(McpServer(notebook, store).routes)  # N8: disabled means no tools at all
+            if notebook.enabled:  # N8: disabled means no tools at all
+                if not s.mcp_token:
+                    logger.warning("mcp_without_token", listen=s.api_listen,
+                                   fix="set IVA_MCP_TOKEN, and the same value as NOTEBOOK_MCP_TOKEN where eve builds")
+                routes.append(McpServer(notebook, store, token=s.mcp_token).routes)
             listener = Listener(s.api_listen, store=store, queue=queue, ingest=ingest, routes=routes)
             try:
                 await listener.start()
@@ -207,6 +210,9 @@ def notebook_config(settings: Settings) -> NotebookConfig:
 
 
 async def run(settings: Settings) -> int:
+    if (problem := listener_problem(settings.api_listen, settings.notes_enabled, settings.mcp_token)) is not None:
+        logger.error("start_refused", problem=problem)  # S1; Settings.from_env refuses it first
+        return 2
     try:
         await Bridge(settings).run()
     except TelegramUnauthorizedError:

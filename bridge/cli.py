@@ -95,6 +95,14 @@ def _notebook_connection(settings: Settings, raw: object) -> list[str]:
     if url.rstrip("/") != expected and not url.endswith(f":{settings.api_listen.rpartition(':')[2]}/mcp"):
         return [f"notebook: eve's {name!r} connection points at {url}, but Iva serves it at {expected}"]
     print(f"ok   notebook: eve's {name!r} connection points at {url}")
+    # S1. eve's /info reports no connection's headers (hasHeaders is false even when a headers
+    # resolver is set, PROTOCOL.md §11), so whether eve sends the token cannot be seen from here.
+    print(f"note notebook: eve's /info does not show the {name!r} connection's headers, so whether eve sends "
+          "the /mcp token is not checked here; a missing or wrong one shows as mcp_unauthorized in Iva's log")
+    if not settings.mcp_token:
+        return [f"notebook: IVA_MCP_TOKEN is not set, so /mcp on {settings.api_listen} takes calls from any "
+                "local process; set it, and the same value as NOTEBOOK_MCP_TOKEN where eve builds "
+                "(examples/eve-agent/connections/notebook.ts sends it)"]
     return []
 
 

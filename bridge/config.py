@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["ConfigError", "Settings"]
+__all__ = ["ConfigError", "Settings", "is_loopback", "listener_problem"]
 
 DEFAULT_TELEGRAM_API_URL = "https://api.telegram.org"
 DEFAULT_COMPACT_PERCENT = 60
@@ -23,6 +24,25 @@ DEFAULT_API_LISTEN = "127.0.0.1:8787"
 DEFAULT_MAX_FILE_MB = 20  # the Bot API's getFile limit
 
 _TOKEN = re.compile(r"^\d{3,}:[A-Za-z0-9_-]{20,}$")
+
+
+def is_loopback(listen: str) -> bool:
+    """``host:port`` names a loopback address: ``localhost``, 127.0.0.0/8 or ::1."""
+    host = listen.rpartition(":")[0].strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # another name: it may resolve anywhere
+
+
+def listener_problem(listen: str, notes_enabled: bool, mcp_token: str | None) -> str | None:
+    """S1: the notebook's /mcp is not served off loopback without its token."""
+    if notes_enabled and not mcp_token and not is_loopback(listen):
+        return (f"IVA_API_LISTEN={listen} is not loopback, so /mcp needs a token: set IVA_MCP_TOKEN (and the same "
+                "value as NOTEBOOK_MCP_TOKEN where eve builds its notebook connection), or IVA_NOTES_ENABLED=0")
+    return None
 
 
 class ConfigError(Exception):
@@ -52,6 +72,7 @@ class Settings:
     lang: Literal["ru", "en"] = "ru"
     api_listen: str = DEFAULT_API_LISTEN
     api_token: str | None = field(default=None, repr=False)
+    mcp_token: str | None = field(default=None, repr=False)
     max_turns: int = DEFAULT_MAX_TURNS
     batch_size: int = DEFAULT_BATCH
     max_file_mb: int = DEFAULT_MAX_FILE_MB
@@ -169,6 +190,12 @@ class Settings:
         connection = get("IVA_NOTES_CONNECTION") or "notebook"
         if not re.fullmatch(r"[A-Za-z0-9_-]+", connection):
             problems.append(f"IVA_NOTES_CONNECTION={connection!r} must be the eve connection's name (letters, digits, _ -)")
+        api_token, mcp_token = get("IVA_API_TOKEN"), get("IVA_MCP_TOKEN")
+        if (problem := listener_problem(listen, notes_enabled, mcp_token)) is not None:
+            problems.append(problem)
+        if mcp_token is not None and mcp_token == api_token:
+            problems.append("IVA_MCP_TOKEN must differ from IVA_API_TOKEN: eve holds the MCP token, and it must not "
+                            "open the owner API")
         texts = (get("IVA_NOTES_TEXT_WINDOW"), get("IVA_NOTES_TEXT_WRAP"), get("IVA_NOTES_TEXT_NUDGE"))
         for name, text in zip(("IVA_NOTES_TEXT_WINDOW", "IVA_NOTES_TEXT_WRAP", "IVA_NOTES_TEXT_NUDGE"), texts, strict=False):
             if text is not None:
@@ -202,7 +229,8 @@ class Settings:
             turn_policy=policy,  # type: ignore[arg-type]
             lang=lang,  # type: ignore[arg-type]
             api_listen=listen,
-            api_token=get("IVA_API_TOKEN"),
+            api_token=api_token,
+            mcp_token=mcp_token,
             log_level=level,
             notes_enabled=notes_enabled,
             notes_connection=connection,

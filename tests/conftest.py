@@ -173,6 +173,11 @@ async def daemon_factory(tmp_path: Path, tg: FakeTelegram):
             "IVA_API_LISTEN": MCP_LISTEN.get(eve_url) or f"127.0.0.1:{free_port()}",
             **env,
         }
+        # S1: the token eve's notebook connection sends (the real eve's build, or a fake's mcp_token).
+        fake = FAKE_EVES.get(eve_url)
+        mcp_token = MCP_TOKENS.get(eve_url) or (fake.mcp_token if fake is not None else None)
+        if mcp_token and "IVA_MCP_TOKEN" not in env:
+            base["IVA_MCP_TOKEN"] = mcp_token
         state = Path(base["IVA_STATE_DIR"])
         state.mkdir(parents=True, exist_ok=True)
         daemon = Daemon(state, base, tg)
@@ -222,6 +227,8 @@ def free_port() -> int:
 
 
 MCP_LISTEN: dict[str, str] = {}  # real eve URL → the listen address its notebook MCP URL names
+MCP_TOKENS: dict[str, str] = {}  # real eve URL → the bearer token its notebook connection sends
+REAL_MCP_TOKEN = "iva-mcp-test-token"
 
 EVE_PEER = Path(os.environ.get("IVA_EVE_PEER_DIR", ROOT.parent / "shared" / "eve-peer"))
 
@@ -276,7 +283,8 @@ def real_eve(tmp_path_factory) -> RealEve:
     run_dir = tmp_path_factory.mktemp("eve-peer")
     mcp_listen = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "EVE_PORT": str(free_port()), "FAKE_LLM_PORT": str(free_port()),
-           "EVE_PEER_RUN_DIR": str(run_dir), "NOTEBOOK_MCP_URL": f"http://{mcp_listen}/mcp"}
+           "EVE_PEER_RUN_DIR": str(run_dir), "NOTEBOOK_MCP_URL": f"http://{mcp_listen}/mcp",
+           "NOTEBOOK_MCP_TOKEN": REAL_MCP_TOKEN}
     done = subprocess.run(["bash", str(EVE_PEER / "start.sh")], env=env, capture_output=True, text=True,
                           timeout=300, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
@@ -286,6 +294,7 @@ def real_eve(tmp_path_factory) -> RealEve:
     peer.script_env = env
     peer.mcp_listen = mcp_listen
     MCP_LISTEN[peer.url] = mcp_listen
+    MCP_TOKENS[peer.url] = REAL_MCP_TOKEN
     yield peer
     subprocess.run(["bash", str(EVE_PEER / "stop.sh")], env=env, capture_output=True, timeout=60,
                    stdin=subprocess.DEVNULL)

@@ -56,7 +56,7 @@ async def test_check_warns_when_parking_would_not_come_before_eves_safety_net(tg
     assert code == 0
     assert "warn the parking threshold 102400 is not below eve's in-turn safety net 96000" in out
     fake_eve.mcp_url = "http://127.0.0.1:8787/mcp"  # the notebook connection where Iva serves it
-    code, out = await _check(_env(tg, fake_eve.url, fake_eve.token))
+    code, out = await _check(_env(tg, fake_eve.url, fake_eve.token, IVA_MCP_TOKEN="mcp-token-1"))
     assert "warn" not in out
 
 

@@ -31,6 +31,7 @@ async def api(d, method: str, path: str, body: Any = None, *, token: str | None 
         kwargs: dict[str, Any] = {"headers": headers}
         if raw is not None:
             kwargs["data"] = raw
+            headers["content-type"] = "application/json"  # S1: a body of another type is a 415
         elif body is not None:
             kwargs["json"] = body
         async with http.request(method, d.api_url + path, **kwargs) as response:

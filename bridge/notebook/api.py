@@ -1,4 +1,6 @@
 """The owner HTTP API (N9) on ``IVA_API_LISTEN``, behind ``Authorization: Bearer $IVA_API_TOKEN``.
+A request with a browser ``Origin`` is refused (403), and so is a body that is not
+``application/json`` (415) (S1, :mod:`bridge.http`).
 
 ``{chat}`` is the Telegram chat id, or ``<chat id>:<topic id>`` for a forum topic. Errors are
 JSON: ``{"error": "<what is wrong and what to do>", "code": "<short code>"}``.
@@ -13,7 +15,6 @@ JSON: ``{"error": "<what is wrong and what to do>", "code": "<short code>"}``.
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,6 +23,7 @@ from aiohttp import web
 
 from .. import log
 from ..addressing import Address
+from ..http import bearer_matches, browser_origin, not_json
 from ..store import Store
 from .rules import NoteError, totals
 from .service import DEFAULT_VIEWER, Notebook
@@ -30,7 +32,8 @@ __all__ = ["OwnerApi"]
 
 logger = log.get("bridge.api")
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]  # (request, the chat's address)
+Guarded = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _fail(status: int, code: str, message: str, **headers: str) -> web.Response:
@@ -52,14 +55,18 @@ class OwnerApi:
         r.add_delete("/v1/chats/{chat}/notes/{name}", self._guard(self.delete_note))
         r.add_get("/v1/chats/{chat}/spend", self._guard(self.spend, notes=False))
 
-    def _guard(self, handler: Handler, *, notes: bool = True) -> Handler:
+    def _guard(self, handler: Handler, *, notes: bool = True) -> Guarded:
         async def guarded(request: web.Request) -> web.StreamResponse:
+            if (origin := browser_origin(request)) is not None:
+                logger.warning("api_origin_refused", origin=origin, path=request.path)
+                return _fail(403, "origin_refused", "Browser requests are refused: the owner API takes no Origin.")
             if not self.token:
                 return _fail(403, "api_off", "The owner API is off: set IVA_API_TOKEN to turn it on.")
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+            if not bearer_matches(request, self.token):
                 return _fail(401, "unauthorized", "Send Authorization: Bearer <IVA_API_TOKEN>.",
                              **{"www-authenticate": 'Bearer realm="iva"'})
+            if (kind := not_json(request)) is not None:
+                return _fail(415, "not_json", f"Send the body as application/json, not {kind}.")
             if notes and not self.notebook.enabled:
                 return _fail(404, "notes_off", "The notebook is off (IVA_NOTES_ENABLED=0).")
             try:
@@ -68,9 +75,8 @@ class OwnerApi:
                 return _fail(400, "bad_chat", "A chat is its Telegram id, or <chat id>:<topic id> for a topic.")
             if await self.store.chat(address) is None:
                 return _fail(404, "no_chat", f"Iva has no chat {request.match_info['chat']}.")
-            request["address"] = address
             try:
-                return await handler(request)
+                return await handler(request, address)
             except NoteError as exc:
                 return _fail(422, "rejected", str(exc))
         return guarded
@@ -93,8 +99,7 @@ class OwnerApi:
                                      content_type="application/json")
         return data
 
-    async def list_notes(self, request: web.Request) -> web.Response:
-        address = request["address"]
+    async def list_notes(self, request: web.Request, address: str) -> web.Response:
         viewer = request.query.get("viewer", DEFAULT_VIEWER)
         notes = await self.notebook.notes(address)
         seen = await self.notebook.seen_at(address, viewer)
@@ -112,36 +117,36 @@ class OwnerApi:
             "notes": [{**n.as_record(), "new": seen is None or n.updated_at > seen} for n in notes],
         })
 
-    async def put_note(self, request: web.Request) -> web.Response:
+    async def put_note(self, request: web.Request, address: str) -> web.Response:
         data = await self._body(request)
         body, description, pinned = data.get("body"), data.get("description"), data.get("pinned")
         if not isinstance(body, str):
             return _fail(400, "bad_note", 'Send {"body": "<text>", "description": "<one line>", "pinned": false}.')
         if (description is not None and not isinstance(description, str)) or (pinned is not None and not isinstance(pinned, bool)):
             return _fail(400, "bad_note", "description is text and pinned is true or false.")
-        note, created = await self.notebook.save(request["address"], request.match_info["name"], body,
+        note, created = await self.notebook.save(address, request.match_info["name"], body,
                                                  description=description, pinned=pinned, author="owner")
         return web.json_response(note.as_record(), status=201 if created else 200)
 
-    async def delete_note(self, request: web.Request) -> web.Response:
+    async def delete_note(self, request: web.Request, address: str) -> web.Response:
         name = request.match_info["name"]
-        if not await self.notebook.delete(request["address"], name):
+        if not await self.notebook.delete(address, name):
             return _fail(404, "no_note", f"There is no note named {name!r}.")
         return web.json_response({"deleted": name})
 
-    async def restore(self, request: web.Request) -> web.Response:
-        restored = await self.notebook.restore(request["address"])
+    async def restore(self, request: web.Request, address: str) -> web.Response:
+        restored = await self.notebook.restore(address)
         if restored is None:
             return _fail(404, "no_archive", "There is no archived notebook for this chat yet.")
         return web.json_response({"restored": restored})
 
-    async def seen(self, request: web.Request) -> web.Response:
+    async def seen(self, request: web.Request, address: str) -> web.Response:
         data = await self._body(request)
         viewer = data.get("viewer", DEFAULT_VIEWER)
         if not isinstance(viewer, str) or not viewer:
             return _fail(400, "bad_viewer", "viewer is a non-empty name.")
-        return web.json_response({"seen_at": await self.notebook.mark_seen(request["address"], viewer)})
+        return web.json_response({"seen_at": await self.notebook.mark_seen(address, viewer)})
 
-    async def spend(self, request: web.Request) -> web.Response:
+    async def spend(self, request: web.Request, address: str) -> web.Response:
         return web.json_response({"chat": request.match_info["chat"],
-                                  "spend": await self.store.spend(request["address"])})
+                                  "spend": await self.store.spend(address)})

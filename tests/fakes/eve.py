@@ -127,6 +127,7 @@ class FakeEve:
         self.held = 0
         self.sends_while_running = 0  # queue-policy sends that reached a running turn
         self.mcp_url: str | None = None
+        self.mcp_token: str | None = None  # sent as "authorization: Bearer" (NOTEBOOK_MCP_TOKEN); daemons get it
         self.mcp_connection = "notebook"
         self.mcp_results: list[dict[str, Any]] = []
         self.reply_for: Any = None  # text -> reply text or None
@@ -594,7 +595,8 @@ class FakeEve:
         """One model step that calls an MCP tool the way eve does (PROTOCOL.md §11)."""
         import aiohttp
 
-        headers = {"x-eve-session-id": s.id, "accept": "application/json, text/event-stream"}
+        headers = {"x-eve-session-id": s.id, "accept": "application/json, text/event-stream",
+                   **({"authorization": f"Bearer {self.mcp_token}"} if self.mcp_token else {})}
         record: dict[str, Any] = {"session": s.id, "tool": tool, "args": args}
         assert self.mcp_url is not None
         try:

@@ -3,15 +3,27 @@
 // agent/connections/ folder next to agent.ts. The file name is the connection name: the model
 // reaches the tools as notebook__chat_note_save etc. (set IVA_NOTES_CONNECTION if you rename it).
 //
-// eve bakes the URL in at build time: rebuild the app when IVA_API_LISTEN changes.
+// eve bakes the URL and the token in at build time: rebuild the app when IVA_API_LISTEN or the
+// token changes. NOTEBOOK_MCP_TOKEN must equal Iva's IVA_MCP_TOKEN (S1): every MCP request then
+// carries "authorization: Bearer <token>", and Iva answers 401 to a request without it. Iva
+// refuses to start off loopback without IVA_MCP_TOKEN; on loopback it works without one and
+// warns. The built app holds the token, so keep the build directory as private as the token.
+//
 // Both the header and the provided argument carry eve's session id; Iva maps it to the chat and
 // answers only during that chat's owner turns (no tools for subagents or anyone else's turns).
+// eve adds the provided argument to every call and hides it from the model; the tools' schemas
+// do not mention it.
 import { defineMcpClientConnection } from "eve/connections";
+
+const token = process.env.NOTEBOOK_MCP_TOKEN ?? "";
 
 export default defineMcpClientConnection({
   url: process.env.IVA_NOTEBOOK_MCP_URL ?? "http://127.0.0.1:8787/mcp",
   description: "Per-chat notebook: notes you keep for yourself in this chat (save, read, delete, pin).",
-  headers: (ctx) => ({ "x-eve-session-id": ctx.session.id }),
+  headers: (ctx) => ({
+    "x-eve-session-id": ctx.session.id,
+    ...(token ? { authorization: `Bearer ${token}` } : {}),
+  }),
   toolCall: {
     providedArguments: {
       eve_session_id: ({ session }) => session.id,
