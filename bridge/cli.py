@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
 
     # S5: no secret in any log line, whatever a library puts in an error text.
-    secrets = [settings.telegram_token, settings.eve_token, settings.api_token, getattr(settings, "mcp_token", None)]
+    secrets = [settings.telegram_token, settings.eve_token, settings.api_token, settings.mcp_token]
     if args.command == "check":
         log.configure("warning", secrets=secrets)
         return asyncio.run(_check(settings))

@@ -46,11 +46,15 @@ class Commands:
             return await self.notes(message, address, lang, key, args)
         if command == "new":
             return await self.new(message, address, lang, key)
-        if not await self.s.queue.remember(str(address), {"kind": "command", "command": command}, dedupe_key=key):
-            return "duplicate"
-        owner = message.from_user is not None and message.from_user.id in self.s.settings.owner_ids
-        text = await self.status_text(str(address), lang, owner=owner) if command == "status" else t(command, lang)
-        self.s.spawn(self.s.sender.say(address.chat_id, address.thread_id, text))
+        s, addr = self.s, str(address)
+        owner = message.from_user is not None and message.from_user.id in s.settings.owner_ids
+        text = await self.status_text(addr, lang, owner=owner) if command == "status" else t(command, lang)
+        async with s.store.db.transaction():
+            # The answer is on disk with the mark that says the update was handled.
+            if not await s.queue.remember(addr, {"kind": "command", "command": command}, dedupe_key=key):
+                return "duplicate"
+            await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text)
+        s.spawn(s.outbox.flush(addr))
         return "command"
 
     # -- /new -------------------------------------------------------------------------------
@@ -72,12 +76,10 @@ class Commands:
     async def compact(self, message: Message, address: Address, lang: str, key: str) -> str:
         """M1-M5: /compact takes the chat the way parking does, through eve's own route."""
         addr, s = str(address), self.s
-
-        def reply(text: str) -> None:
-            s.spawn(s.sender.say(address.chat_id, address.thread_id, text, reply_to=message.message_id))
-
         if addr in self._compacting:
-            reply(t("compact_already", lang))  # M4: the mark is set before the first await
+            # M4: the mark is set before the first await. Not remembered: a redelivery asks again.
+            s.spawn(s.sender.say(address.chat_id, address.thread_id, t("compact_already", lang),
+                                 reply_to=message.message_id))
             return "command"
         self._compacting.add(addr)
         try:
@@ -101,11 +103,13 @@ class Commands:
                                                                  reply_to=message.message_id, lang=lang)
                     text = (t("compact_accepted", lang, before=_n(chat.measurement)) if captured
                             else t("compact_after_answer", lang))  # M3: a turn took the chat first
+                await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
+                                      reply_to=message.message_id)
         finally:
             self._compacting.discard(addr)
+        s.spawn(s.outbox.flush(addr))
         if captured:
             self.scheduler.wake(addr)
-        reply(text)
         return "command"
 
     # -- /status ----------------------------------------------------------------------------

@@ -247,8 +247,13 @@ class Ingest:
         elif attachment is None and (not inbound.text or not inbound.text.strip()):
             refusal = t("unsupported", lang)  # T8: a short clear answer, never silence
         if refusal is not None:
-            if await self.queue.remember(str(address), {"kind": "refused"}, dedupe_key=key):
-                self.spawn(self.sender.say(address.chat_id, address.thread_id, refusal, reply_to=message.message_id))
+            async with self.store.db.transaction():
+                fresh = await self.queue.remember(str(address), {"kind": "refused"}, dedupe_key=key)
+                if fresh:  # the answer on disk with the mark: a crash cannot lose it
+                    await self.s.outbox.say_to(str(address), address.chat_id, address.thread_id, f"re:{key}",
+                                               refusal, reply_to=message.message_id)
+            if fresh:
+                self.spawn(self.s.outbox.flush(str(address)))
             return "refused"
         queued = QueuedMessage(
             text=inbound.text or "",
@@ -268,6 +273,9 @@ class Ingest:
             if row is not None and queue_policy:
                 # C3: once per compaction per chat, in the same transaction as the message.
                 notice = await self.transitions.notify_compacting(str(address))
+                if notice:
+                    await self.s.outbox.say_to(str(address), address.chat_id, address.thread_id, f"c3:{key}",
+                                               t("compacting_notice", lang), reply_to=message.message_id)
             chat = await self.store.chat(str(address))
         if row is None:
             logger.info("update_duplicate_ignored")
@@ -275,8 +283,7 @@ class Ingest:
         logger.info("message_queued", queue_id=row)
         logger.debug("message_text", text=inbound.text)
         if notice:
-            self.spawn(self.sender.say(address.chat_id, address.thread_id, t("compacting_notice", lang),
-                                       reply_to=message.message_id))
+            self.spawn(self.s.outbox.flush(str(address)))
         elif chat is not None and chat.busy and queue_policy and not chat.waiting_input:
             # The receipt comes after the commit, never before: "received, waiting its turn".
             self.spawn(self.sender.react(address.chat_id, message.message_id, RECEIPT_QUEUED))

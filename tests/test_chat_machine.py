@@ -10,6 +10,7 @@ machine at every await that touches the state.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from collections.abc import AsyncIterator
@@ -356,3 +357,34 @@ async def test_a_bot_api_that_answers_long_polls_at_once_is_not_hammered(harness
     at = [c.at for c in tg.calls if c.method == "getUpdates"][first + 1:first + 4]
     gaps = [b - a for a, b in itertools.pairwise(at)]
     assert min(gaps) >= EMPTY_POLL_FLOOR * 0.9, gaps
+
+
+async def test_a_command_answer_survives_a_crash_after_its_update_was_marked(tmp_path: Path, tg: FakeTelegram,
+                                                                             fake_eve: FakeEve):
+    """Issue 11: the answer to /help is on disk with the mark that says the update was handled:
+    a crash while it is on its way to Telegram sends it after the restart (before, it was lost —
+    the update marked seen, the answer only in memory)."""
+    h = Harness(tmp_path / "state", tg, fake_eve)
+    await h.start()
+    gate = asyncio.Event()
+
+    async def hold(_: dict) -> None:
+        await gate.wait()
+
+    tg.hooks["sendMessage"] = hold
+    try:
+        await tg.message("/help", user_id=OWNER)
+        await tg.wait_for(lambda: tg.in_flight("sendMessage") == 1, 10, "the answer on its way")
+        await h.crash()
+        await tg.wait_for(lambda: tg.callers_gone("sendMessage") == 1, 10, "the caller gone")
+    finally:
+        del tg.hooks["sendMessage"]
+        gate.set()
+    await tg.wait_for(lambda: tg.in_flight("sendMessage") == 0, 10, "the held call answered")
+    assert tg.texts() == []
+    await h.start()
+    try:
+        await h.settled()
+        assert len(tg.texts()) == 1 and "/new" in tg.texts()[0]
+    finally:
+        await h.stop()

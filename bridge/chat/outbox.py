@@ -4,6 +4,8 @@ it is sent once even across restarts."""
 
 from __future__ import annotations
 
+import asyncio
+
 from aiogram.exceptions import TelegramBadRequest
 
 from .. import log
@@ -21,14 +23,28 @@ class Outbox:
         self.store = store
         self.sender = sender
         self.transitions = transitions
+        self._flushing: dict[str, asyncio.Lock] = {}  # one sender per address at a time
 
     async def say(self, chat: Chat, key: str, text: str, *, reply_to: int | None = None) -> None:
         """A plain-text notice to the chat, keyed (in the caller's transaction, if any)."""
         await self.store.put_outgoing(chat.address, key, chat.chat_id, chat.thread_id, text, format="plain",
                                       reply_to=reply_to)
 
+    async def say_to(self, address: str, chat_id: int, thread_id: int | None, key: str, text: str, *,
+                     reply_to: int | None = None, markdown: bool = True) -> None:
+        """A keyed answer to an address that may have no chat record yet (a command, a refusal):
+        written in the caller's transaction with its dedupe mark, so an update marked handled has
+        its answer on disk (sent once, even across a crash)."""
+        await self.store.put_outgoing(address, key, chat_id, thread_id, text,
+                                      format="markdown" if markdown else "plain", reply_to=reply_to)
+
     async def flush(self, address: str) -> None:
         """Send what is pending for the address, in order; a chat that is gone is marked blocked."""
+        lock = self._flushing.setdefault(address, asyncio.Lock())
+        async with lock:
+            await self._flush(address)
+
+    async def _flush(self, address: str) -> None:
         pending = await self.store.pending_outgoing(address)
         if not pending:
             return

@@ -176,8 +176,7 @@ class Transitions:
         to this address (until a new message from it unblocks it); what was pending for it fails.
         Other topics of the same group keep theirs: each learns for itself whether it is gone."""
         async with self.store.db.transaction():
-            await self._chat(address)
-            await self._write(address, blocked=True, blocked_reason=reason[:200])
+            await self._write(address, blocked=True, blocked_reason=reason[:200])  # no record: nothing to mark
             await self.store.fail_outgoing_of_address(address)
 
     async def bot_removed(self, chat_id: int, reason: str) -> None:

@@ -135,10 +135,10 @@ class ChatWorker:
         eve_failures = 0
         while True:
             self._poked.clear()
+            await s.outbox.flush(self.address)  # an answer may wait for an address with no record yet
             chat = await s.store.chat(self.address)
             if chat is None:
                 return
-            await s.outbox.flush(self.address)
             if chat.reset_requested:
                 await self._reset()
                 continue
