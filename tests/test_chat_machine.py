@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -150,13 +150,8 @@ async def _sweep(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve, text: str,
                 await tg.message(setup, user_id=user)
                 await h.settled()
             sent_before = len(tg.texts(user))
-            assert h.db is not None
             image = tmp_path / f"k{k}-image"
-            h.db.kill_at, h.db.image = h.db.statements + k, image
-            await tg.message(text, user_id=user)
-            db = h.db
-            await h.until(lambda db=db: db.killed.is_set() or _quiet(h), timeout=20, what="killed or done")
-            if not db.killed.is_set():
+            if not await _kill_during(h, image, k, lambda user=user: tg.message(text, user_id=user)):
                 await h.settled()
                 assert tg.texts(user)[sent_before:] == [reply]
                 return k
@@ -172,6 +167,17 @@ async def _sweep(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve, text: str,
         raise AssertionError("the scenario has more statements than the sweep has users")
     finally:
         await h.stop()
+
+
+async def _kill_during(h: Harness, image: Path, k: int, act: Callable[[], Awaitable[object]]) -> bool:
+    """Arm a kill before the bridge's k-th statement from now, act, and wait until it struck or
+    everything settled. True when it struck."""
+    assert h.db is not None
+    db = h.db
+    db.kill_at, db.image = db.statements + k, image
+    await act()
+    await h.until(lambda: db.killed.is_set() or _quiet(h), timeout=20, what="killed or done")
+    return db.killed.is_set()
 
 
 def _pending_in_image(image: Path, name: str) -> bool:
@@ -216,13 +222,8 @@ async def test_a_kill_at_every_statement_of_a_manual_compaction(tmp_path: Path, 
             await tg.message("long talk [[tokens=50000]]", user_id=user)
             await h.settled()
             sent_before = len(tg.texts(user))
-            assert h.db is not None
             image = tmp_path / f"k{k}-image"
-            h.db.kill_at, h.db.image = h.db.statements + k, image
-            await tg.message("/compact", user_id=user)
-            db = h.db
-            await h.until(lambda db=db: db.killed.is_set() or _quiet(h), timeout=20, what="killed or done")
-            if not db.killed.is_set():
+            if not await _kill_during(h, image, k, lambda user=user: tg.message("/compact", user_id=user)):
                 await h.settled()
                 assert tg.texts(user)[sent_before:][-1].startswith("Done"), tg.texts(user)
                 break
@@ -320,18 +321,14 @@ async def test_a_kill_at_every_statement_of_a_steer(tmp_path: Path, tg: FakeTele
             await h.until(lambda user=user: any(
                 s.running and "slow one" in json.dumps(s.events) for s in fake_eve.sessions.values()
                 if s.id == (h.maybe_chat(str(user)) or _NOCHAT).eve_session), what="eve running the turn")
-            assert h.db is not None
             image = tmp_path / f"k{k}-image"
-            h.db.kill_at, h.db.image = h.db.statements + k, image
-            await tg.message("actually, this", user_id=user)
-            db = h.db
-            await h.until(lambda db=db: db.killed.is_set() or _quiet(h), timeout=20, what="killed or done")
-            if db.killed.is_set():
+            killed = await _kill_during(h, image, k, lambda user=user: tg.message("actually, this", user_id=user))
+            if killed:
                 await h.restart_from(image)
             await h.settled(30)
             texts = tg.texts(user)
             assert any("actually, this" in t for t in texts), (k, texts)
-            if not db.killed.is_set():
+            if not killed:
                 break
         assert k > 5
     finally:
