@@ -27,6 +27,7 @@ from tests.harness import OWNER, Harness
 
 A = str(OWNER)
 _NOCHAT = SimpleNamespace(eve_session=None)
+_NOCHAT_W = SimpleNamespace(waiting_input=False)
 
 
 def routes(fake: FakeEve) -> list[str]:
@@ -383,5 +384,30 @@ async def test_a_command_answer_survives_a_crash_after_its_update_was_marked(tmp
     try:
         await h.settled()
         assert len(tg.texts()) == 1 and "/new" in tg.texts()[0]
+    finally:
+        await h.stop()
+
+
+async def test_a_question_waits_for_the_person_past_the_busy_timeout_without_holding_a_slot(
+        tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
+    """F5: a turn waiting on the person is not "no progress": past IVA_BUSY_TIMEOUT it still waits
+    (the witness: another chat's silent turn is lost by that timeout meanwhile), it does not hold
+    the only turn slot, and the late press is answered in the same session."""
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_BUSY_TIMEOUT="1", IVA_MAX_TURNS="1")
+    await h.start()
+    try:
+        await tg.message("deploy? [[ask=Deploy to prod?|approve|cancel]]", user_id=OWNER)
+        await tg.wait_texts(1, OWNER)
+        await h.until(lambda: (h.maybe_chat() or _NOCHAT_W).waiting_input, what="waiting on the person")
+        session = (await h.chat()).eve_session
+        await tg.message("slow [[delay=3]]", user_id=2)  # runs with the only slot; silent > 1 s
+        await tg.wait_texts(1, 2, timeout=15)
+        assert "repeat" in tg.texts(2)[0]  # lost by the busy timeout: more than 1 s has passed
+        chat = await h.chat()
+        assert chat.waiting_input and chat.eve_session == session and not chat.reset_mark
+        await tg.press(tg.sent(OWNER)[0], "Approve", user_id=OWNER)
+        await h.settled(20, eve_quiet=False)
+        assert tg.texts(OWNER)[-1] == "answered: approve"
+        assert (await h.chat()).eve_session == session
     finally:
         await h.stop()

@@ -32,7 +32,7 @@ from ..texts import t
 from .compaction import Answer, Compaction
 from .delivery import GONE, Lost, send
 from .endings import lose
-from .services import Services
+from .services import Services, Slot
 from .transitions import Superseded
 
 __all__ = ["POKE", "BusyPeriod"]
@@ -40,12 +40,13 @@ __all__ = ["POKE", "BusyPeriod"]
 logger = log.get("bridge.chat.consumer")
 
 RESUME_GRACE = 10.0
+WAITING_ON_PERSON = 7 * 24 * 3600.0  # a question open this long without an answer: the turn is lost
 POKE = object()
 _STREAM_END = object()
 
 
 class BusyPeriod:
-    def __init__(self, s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
+    def __init__(self, s: Services, inbox: asyncio.Queue[object], chat: Chat, *, slot: Slot | None = None) -> None:
         assert chat.eve_session and chat.busy
         self.s = s
         self.inbox = inbox
@@ -69,6 +70,8 @@ class BusyPeriod:
             self.progress -= max(0.0, min(timeout - grace, time.time() - chat.progress_at))
         self.typing: Typing | None = None
         self.waiting_input = chat.waiting_input
+        self.answered = False  # the person answered the open question: eve must go on now
+        self.slot = slot
         self.usage = [0, 0, 0, 0]  # steps, input, output, cache read: spend not yet committed
 
     async def _commit_spend(self) -> None:
@@ -117,6 +120,11 @@ class BusyPeriod:
             await self.inbox.put(exc)
 
     def _deadline(self) -> tuple[float, str]:
+        if self.waiting_input and not self.answered:
+            # F5: waiting on the person is not "no progress": no busy timeout while a question
+            # is open; a late answer reaches the same session. Once answered, eve must go on
+            # within the busy timeout again (a session stuck since eve restarted is lost then).
+            return WAITING_ON_PERSON, "busy"
         busy_left = self.s.settings.busy_timeout - (time.monotonic() - self.progress)
         ack_left = self.compaction.ack_left() if self.compaction is not None else None
         if ack_left is not None and ack_left < busy_left:
@@ -220,10 +228,12 @@ class BusyPeriod:
                 await self._show_prompts(event, claim)
             case eve.TurnWaiting() if event.on == "input":
                 # T5: the turn cannot end until the person answers; their next message goes at once.
-                self.waiting_input = True
+                self.waiting_input, self.answered = True, False
                 await tr.waiting_on_person(self.address, claim, waiting=True, cursor=self.cursor)
                 if self.typing is not None:
                     await self.typing.stop()
+                if self.slot is not None:
+                    self.slot.give_back()  # F5: other chats' turns go on meanwhile
             case eve.InputResolved():
                 await s.store.close_prompts(self.session, event.request_ids)
             case eve.TurnFailed():
@@ -236,7 +246,10 @@ class BusyPeriod:
                 await s.outbox.flush(self.address)
         if self.waiting_input and (isinstance(event, eve.StepStarted | eve.InputResolved) or event.terminal):
             self.waiting_input = False
+            self.progress = time.monotonic()
             await tr.waiting_on_person(self.address, claim, waiting=False)
+            if self.slot is not None and not event.terminal:
+                await self.slot.retake()
         if event.terminal:
             if self.prompted:
                 await s.store.close_prompts(self.session)
@@ -346,11 +359,16 @@ class BusyPeriod:
                     {"requestId": a.request_id, "optionId": a.option_id}
                     for a in (decode(m.payload) for m in answers) if isinstance(a, InputAnswer)
                 ])
+            except GONE as exc:
+                await s.queue.nack([m.id for m in answers], claim=steer)
+                await lose(s, self.address, claim, str(exc))
+                return True
             except eve.EveError as exc:
                 logger.warning("eve_input_response_failed", error=str(exc))
                 await s.queue.nack([m.id for m in answers], claim=steer)
             else:
                 await s.queue.ack([m.id for m in answers], claim=steer)
+                self.answered, self.progress = True, time.monotonic()
         if not messages:
             return False
         items = [decode(m.payload) for m in messages]
@@ -370,6 +388,7 @@ class BusyPeriod:
         if delivery.delivery_id:
             self.pending.add(delivery.delivery_id)
         self.turn_ended = False
+        self.answered, self.progress = True, time.monotonic()
         for item in items:
             if isinstance(item, QueuedMessage):
                 s.spawn(s.sender.react(chat.chat_id, item.message_id, "⚡"))

@@ -17,7 +17,7 @@ from ..texts import t
 from .consumer import BusyPeriod
 from .delivery import GONE, Lost, send
 from .endings import fail_turn, lose
-from .services import Services
+from .services import Services, Slot
 
 __all__ = ["drive", "resume"]
 
@@ -52,7 +52,7 @@ async def resume(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
 
 
 async def drive(s: Services, inbox: asyncio.Queue[object], address: str, claim: str,
-                messages: Sequence[Message] | None = None) -> None:
+                messages: Sequence[Message] | None = None, *, slot: Slot | None = None) -> None:
     """Send the turn's claimed messages (read back when not given) and follow the turn."""
     if messages is None:
         messages = await s.queue.inflight(address)
@@ -73,7 +73,7 @@ async def drive(s: Services, inbox: asyncio.Queue[object], address: str, claim: 
         return
     chat = await s.store.chat(address)
     assert chat is not None
-    await BusyPeriod(s, inbox, chat).run()
+    await BusyPeriod(s, inbox, chat, slot=slot).run()
 
 
 async def _resume_compaction(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:

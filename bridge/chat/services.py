@@ -19,7 +19,31 @@ from . import parking
 from .outbox import Outbox
 from .transitions import Transitions
 
-__all__ = ["CompactRequests", "ContextWindow", "Services"]
+__all__ = ["CompactRequests", "ContextWindow", "Services", "Slot"]
+
+
+class Slot:
+    """One of the global turn slots (T3), held while eve works on a turn. A turn waiting on the
+    person gives it back — waiting is not work, and must not starve other chats (F5) — and takes
+    one again when it goes on, if one is free (it never waits for one: eve already runs it)."""
+
+    def __init__(self, slots: asyncio.Semaphore) -> None:
+        self.slots = slots
+        self.held = False
+
+    async def take(self) -> None:
+        await self.slots.acquire()
+        self.held = True
+
+    async def retake(self) -> None:
+        if not self.held and not self.slots.locked():
+            await self.slots.acquire()
+            self.held = True
+
+    def give_back(self) -> None:
+        if self.held:
+            self.held = False
+            self.slots.release()
 
 
 @dataclass(slots=True)

@@ -23,7 +23,7 @@ from ..metrics import METRICS
 from ..texts import t
 from .consumer import POKE
 from .recovery import drive, resume
-from .services import Services
+from .services import Services, Slot
 
 __all__ = ["ChatWorker", "Scheduler"]
 
@@ -168,7 +168,9 @@ class ChatWorker:
         s = self.s
         if await s.queue.depth(self.address) == 0:
             return False
-        async with self.slots:
+        slot = Slot(self.slots)
+        await slot.take()
+        try:
             claimed = await s.transitions.claim_turn(self.address, limit=s.settings.batch_size)
             if claimed is None:
                 chat = await s.store.chat(self.address)
@@ -177,7 +179,9 @@ class ChatWorker:
                 return chat is not None and (chat.busy or chat.reset_requested
                                              or await s.queue.depth(self.address) > 0)
             logger.info("turn_claimed", messages=[m.id for m in claimed.messages], session=claimed.session)
-            await drive(s, self.inbox, self.address, claimed.claim, claimed.messages)
+            await drive(s, self.inbox, self.address, claimed.claim, claimed.messages, slot=slot)
+        finally:
+            slot.give_back()
         return True
 
     # -- /new -------------------------------------------------------------------------------
