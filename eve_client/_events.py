@@ -248,9 +248,10 @@ class InputRequest:
         request_id = raw.get("requestId")
         if not isinstance(request_id, str):
             return None
+        listed = raw.get("options")
         options = tuple(
             InputOption(str(o["id"]), str(o.get("label") or o["id"]))
-            for o in raw.get("options") or []
+            for o in (listed if isinstance(listed, list) else [])  # a non-list must not raise (F6)
             if isinstance(o, Mapping) and isinstance(o.get("id"), str)
         )
         return cls(request_id, str(raw.get("kind") or "question"), str(raw.get("prompt") or ""), options,

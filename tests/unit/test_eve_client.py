@@ -200,3 +200,15 @@ async def test_more_followed_streams_than_httpx_default_pool(fake_eve):
             await client.send(sid, "hi [[delay=0.2]]")
         done = await asyncio.wait_for(asyncio.gather(*readers), 30)
     assert sorted(done) == sorted(sids)
+
+
+def test_a_question_whose_options_are_not_a_list_parses_without_options() -> None:
+    """F6: `input.requested` with a non-list `options` used to raise in the consumer (iterating an
+    int), and a handler that raises wedged the chat on every replay of that event."""
+    from eve_client import InputRequested
+
+    for odd in (5, 3.5, True, {"id": "x"}, "abc", None):
+        event = InputRequested(type="input.requested", index=1, id="e1", at=None, delivery_ids=(), data={
+            "requests": [{"requestId": "r1", "prompt": "Go?", "options": odd}]})
+        (request,) = event.requests
+        assert request.request_id == "r1" and request.options == ()
