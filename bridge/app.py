@@ -13,7 +13,12 @@ import structlog
 from aiogram import Bot
 from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.client.telegram import TelegramAPIServer
-from aiogram.exceptions import TelegramNetworkError, TelegramServerError, TelegramUnauthorizedError
+from aiogram.exceptions import (
+    ClientDecodeError,
+    TelegramNetworkError,
+    TelegramServerError,
+    TelegramUnauthorizedError,
+)
 from aiogram.types import BotCommand, User
 
 import eve_client as eve
@@ -27,7 +32,7 @@ from .http import Listener
 from .ingest import Ingest
 from .metrics import METRICS
 from .notebook import McpServer, Notebook, NotebookConfig, OwnerApi, PressureTexts, Rebuilder
-from .sender import Sender
+from .sender import Sender, undecodable
 from .state import StateUnavailable, open_state
 from .texts import t
 
@@ -69,6 +74,11 @@ class Bridge:
             except (TelegramNetworkError, TelegramServerError) as exc:
                 failures += 1
                 logger.warning("telegram_unreachable_at_start", error=str(exc))
+                await asyncio.sleep(backoff.STARTUP.delay(failures))
+            except ClientDecodeError as exc:
+                # Not a Bot API user (a proxy, an emulator): say which fields, keep trying.
+                failures += 1
+                logger.error("telegram_getme_undecodable", problem=undecodable(exc))
                 await asyncio.sleep(backoff.STARTUP.delay(failures))
 
     async def _learn_window(self, client: eve.EveClient, window: ContextWindow, services: Services) -> None:

@@ -6,13 +6,19 @@ import argparse
 import asyncio
 import sys
 
-from aiogram.exceptions import TelegramAPIError, TelegramNetworkError, TelegramUnauthorizedError
+from aiogram.exceptions import (
+    ClientDecodeError,
+    TelegramAPIError,
+    TelegramNetworkError,
+    TelegramUnauthorizedError,
+)
 
 import eve_client as eve
 
 from . import log
 from .chat import parking
 from .config import ConfigError, Settings
+from .sender import undecodable
 
 __all__ = ["main"]
 
@@ -35,6 +41,11 @@ async def _check(settings: Settings) -> int:
         problems.append(f"telegram: cannot reach {settings.telegram_api_url}: {exc.message}")
     except TelegramAPIError as exc:
         problems.append(f"telegram: getMe failed: {exc.message}")
+    except ClientDecodeError as exc:
+        problems.append(f"telegram: {settings.telegram_api_url} answered getMe with something that is not a Bot "
+                        f"API user: {undecodable(exc)}")
+    except Exception as exc:  # iva check never shows a traceback: one line per problem
+        problems.append(f"telegram: getMe failed: {type(exc).__name__}: {exc}")
     finally:
         await bot.session.close()
 

@@ -35,11 +35,20 @@ from .metrics import METRICS
 from .render import Chunk, render
 from .store import Outgoing, Store
 
-__all__ = ["ChatGone", "Sender", "Typing"]
+__all__ = ["ChatGone", "Sender", "Typing", "undecodable"]
 
 logger = log.get("bridge.sender")
 
 TYPING_EVERY = 4.5
+
+
+def undecodable(exc: ClientDecodeError) -> str:
+    """Which fields of a Bot API answer aiogram could not read, in one line."""
+    errors = getattr(exc.original, "errors", None)
+    if callable(errors):
+        parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in errors()[:3]]
+        return "; ".join(parts) or exc.message
+    return f"{exc.message} ({exc.original})"
 
 
 class ChatGone(Exception):

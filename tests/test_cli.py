@@ -69,3 +69,14 @@ async def test_check_warns_when_the_agent_cannot_reach_the_notebook(tg, fake_eve
     assert "points at http://127.0.0.1:4999/mcp, but Iva serves it at http://127.0.0.1:8787/mcp" in out
     code, out = await _check(_env(tg, fake_eve.url, fake_eve.token, IVA_NOTES_ENABLED="0"))
     assert "notebook" not in out
+
+
+async def test_check_names_the_field_of_a_getme_it_cannot_read(tg, fake_eve):
+    """Issue 11: a Bot API server (an emulator, a proxy) whose getMe answer aiogram cannot
+    validate: one line naming the bad fields, no traceback."""
+    tg.garble["getMe"] = 1
+    code, out = await _check(_env(tg, fake_eve.url, fake_eve.token, IVA_MCP_TOKEN="mcp-token-for-check"))
+    assert code != 0, out
+    assert "Traceback" not in out
+    line = next(x for x in out.splitlines() if x.startswith("FAIL telegram"))
+    assert "not a Bot API user" in line and "result" in line, line
