@@ -341,7 +341,10 @@ class _StreamContext:
     async def __aenter__(self) -> tuple[int, AsyncIterator[bytes], int | None]:
         http = self._client._pool(self._session_id)
         timeout = httpx.Timeout(http.timeout.connect or 5.0, read=self._idle, connect=http.timeout.connect)
-        request = http.build_request("GET", self._path, params=self._params, timeout=timeout)
+        # A stream is read as it comes: ask for no compression (a compressing proxy would hold
+        # lines back), and decode whatever content-encoding comes anyway (aiter_bytes).
+        request = http.build_request("GET", self._path, params=self._params, timeout=timeout,
+                                     headers={"accept-encoding": "identity"})
         try:
             response = await http.send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -365,7 +368,7 @@ class _StreamContext:
         """Complete, newline-terminated lines only; a line cut by a dropped connection is not one."""
         buffer = b""
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in response.aiter_bytes():
                 buffer += chunk
                 while (cut := buffer.find(b"\n")) >= 0:
                     line, buffer = buffer[:cut], buffer[cut + 1 :]

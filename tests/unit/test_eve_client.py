@@ -212,3 +212,22 @@ def test_a_question_whose_options_are_not_a_list_parses_without_options() -> Non
             "requests": [{"requestId": "r1", "prompt": "Go?", "options": odd}]})
         (request,) = event.requests
         assert request.request_id == "r1" and request.options == ()
+
+
+async def test_a_compressed_stream_is_read_as_events():
+    """Issue 11: a proxy that gzips the stream whatever was asked: the events still parse (the
+    stream was read raw, so every line was garbage); and the client asks for no compression."""
+    import gzip
+
+    asked: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.headers.get("accept-encoding"))
+        body = "\n".join([_line("turn.started", 1), _line("session.waiting", 2)]) + "\n"
+        return httpx.Response(200, content=gzip.compress(body.encode()),
+                              headers={"content-encoding": "gzip", "content-type": "application/x-ndjson"})
+
+    async with _client(handler) as client:
+        page = await client.read("s1", 0)
+    assert [e.type for e in page.events] == ["turn.started", "session.waiting"]
+    assert asked == ["identity"]
