@@ -163,7 +163,8 @@ class Bridge:
                     logger.warning("mcp_without_token", listen=s.api_listen,
                                    fix="set IVA_MCP_TOKEN, and the same value as NOTEBOOK_MCP_TOKEN where eve builds")
                 routes.append(McpServer(notebook, store, token=s.mcp_token).routes)
-            listener = Listener(s.api_listen, store=store, queue=queue, ingest=ingest, routes=routes)
+            listener = Listener(s.api_listen, store=store, queue=queue, ingest=ingest, routes=routes,
+                                busy_timeout=s.busy_timeout, reply_stale_after=s.health_reply_seconds)
             try:
                 await listener.start()
                 stack.push_async_callback(listener.stop)

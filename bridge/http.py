@@ -32,6 +32,8 @@ __all__ = ["Listener", "bearer_matches", "browser_origin", "not_json"]
 logger = log.get("bridge.http")
 
 POLL_STALE_AFTER = 120.0
+OVERDUE_FACTOR = 1.5  # a busy chat is overdue when it made no progress for 1.5 × IVA_BUSY_TIMEOUT
+REPLY_STALE_AFTER = 120.0  # a reply still not sent after this long: replies are failing
 
 
 def browser_origin(request: web.BaseRequest) -> str | None:
@@ -55,7 +57,10 @@ def bearer_matches(request: web.BaseRequest, token: str) -> bool:
 
 class Listener:
     def __init__(self, listen: str, *, store: Store, queue: DiskQueue, ingest: Ingest,
-                 routes: Sequence[Callable[[web.Application], None]] = ()) -> None:
+                 routes: Sequence[Callable[[web.Application], None]] = (), busy_timeout: float = 900.0,
+                 reply_stale_after: float = REPLY_STALE_AFTER) -> None:
+        self.busy_timeout = busy_timeout
+        self.reply_stale_after = reply_stale_after
         host, _, port = listen.rpartition(":")
         self.host = host.strip("[]")
         self.port = int(port)
@@ -84,18 +89,24 @@ class Listener:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    async def _refresh(self) -> tuple[int, int, int]:
+    async def _refresh(self) -> tuple[int, int, int, int, float | None]:
         queued = await self.queue.depth()
         by_kind = await self.store.busy_by_kind()
         busy = sum(by_kind.values())
+        now = time.time()
+        overdue, oldest = await self.store.health(overdue_before=now - self.busy_timeout * OVERDUE_FACTOR)
+        reply_age = None if oldest is None else round(now - oldest, 1)
         METRICS.queue_depth.set(queued)
         METRICS.busy.set(busy)
         METRICS.busy_compacting.set(by_kind.get("compact", 0))
-        return queued, busy, by_kind.get("compact", 0)
+        METRICS.overdue.set(overdue)
+        METRICS.oldest_reply.set(reply_age or 0.0)
+        return queued, busy, by_kind.get("compact", 0), overdue, reply_age
 
     async def healthz(self, request: web.Request) -> web.Response:
+        overdue, reply_age = 0, None
         try:
-            queued, busy, compacting = await self._refresh()
+            queued, busy, compacting, overdue, reply_age = await self._refresh()
             database = "ok"
         except Exception as exc:  # the answer is the report
             queued = busy = compacting = -1
@@ -103,9 +114,11 @@ class Listener:
         last = self.ingest.last_poll_ok
         poll_age = None if last is None else round(time.time() - last, 1)
         polling = poll_age is not None and poll_age < POLL_STALE_AFTER
-        ok = database == "ok" and polling
+        replies_flowing = reply_age is None or reply_age < self.reply_stale_after
+        ok = database == "ok" and polling and overdue == 0 and replies_flowing
         body = {"ok": ok, "database": database, "telegram_poll_age_s": poll_age, "queued": queued,
-                "busy_chats": busy, "compacting_chats": compacting, "uptime_s": round(time.time() - self.started)}
+                "busy_chats": busy, "compacting_chats": compacting, "overdue_chats": overdue,
+                "oldest_pending_reply_s": reply_age, "uptime_s": round(time.time() - self.started)}
         return web.json_response(body, status=200 if ok else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:

@@ -22,6 +22,10 @@ class _Metrics:
         self.busy_compacting = Gauge("iva_compacting_chats", "Chats busy with a compaction", registry=r)
         self.queue_depth = Gauge("iva_queue_depth", "Messages waiting in the on-disk queue", registry=r)
         self.busy = Gauge("iva_busy_chats", "Chats busy with a turn or a compaction", registry=r)
+        self.overdue = Gauge("iva_overdue_chats", "Busy chats with no progress for longer than IVA_BUSY_TIMEOUT "
+                             "(a question waiting on the person aside)", registry=r)
+        self.oldest_reply = Gauge("iva_oldest_pending_reply_seconds", "Age of the oldest reply not yet sent",
+                                  registry=r)
         self.turn_seconds = Histogram(
             "iva_turn_seconds", "Turn duration", registry=r,
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900),

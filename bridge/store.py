@@ -359,6 +359,16 @@ class Store:
             (reason[:200], time.time(), chat_id),
         )
 
+    async def health(self, *, overdue_before: float) -> tuple[int, float | None]:
+        """(busy chats without progress since ``overdue_before`` and not waiting on the person,
+        the creation time of the oldest reply still pending)."""
+        overdue = await self.db.fetchone(
+            "SELECT count(*) FROM chats WHERE status = 'busy' AND waiting_input = 0 AND progress_at < ?",
+            (overdue_before,),
+        )
+        oldest = await self.db.fetchone("SELECT min(created_at) FROM outbox WHERE state = 'pending'")
+        return (int(overdue[0]) if overdue else 0), (float(oldest[0]) if oldest and oldest[0] is not None else None)
+
     async def busy_by_kind(self) -> dict[str, int]:
         rows = await self.db.fetchall("SELECT kind, count(*) AS n FROM chats WHERE status = 'busy' GROUP BY kind")
         return {str(r["kind"]): int(r["n"]) for r in rows}

@@ -7,6 +7,7 @@ import asyncio
 import json
 import shutil
 import sqlite3
+import urllib.error
 import urllib.request
 
 from tests.conftest import OWNER, REAL
@@ -293,3 +294,38 @@ async def test_sigterm_while_telegram_is_unreachable_at_start_exits_cleanly(tg, 
     assert proc.returncode is None  # still trying, not crashed
     proc.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(proc.wait(), 10) == 0
+
+
+async def test_healthz_tells_when_replies_are_failing(tg, fake_eve, daemon_factory):
+    """Issue 11: a reply that keeps failing to go out makes /healthz say so (503, the oldest
+    pending reply's age) and /metrics carry it — /healthz said ok while one reply was resent for
+    minutes."""
+    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_HEALTH_REPLY_SECONDS="1")
+    await d.start()
+    tg.fail("sendMessage", 502, times=10_000)
+
+    def get(path):
+        try:
+            with urllib.request.urlopen(d.api_url + path, timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    await tg.message("hello", user_id=OWNER)
+
+    health: dict = {}
+    for _ in range(100):  # until /healthz reports the reply that does not go out (at most ~20 s)
+        status, body = await asyncio.to_thread(get, "/healthz")
+        health = json.loads(body)
+        if status == 503 and (health.get("oldest_pending_reply_s") or 0) >= 1:
+            break
+        await asyncio.sleep(0.2)
+    assert (health.get("oldest_pending_reply_s") or 0) >= 1, health
+    assert not health["ok"] and health["database"] == "ok" and health["telegram_poll_age_s"] is not None
+    _, text = await asyncio.to_thread(get, "/metrics")
+    assert "iva_oldest_pending_reply_seconds" in text and "iva_oldest_pending_reply_seconds 0.0" not in text
+    tg.faults.pop("sendMessage", None)
+    await tg.wait_texts(1, timeout=60)
+    await d.settled(60)
+    status, body = await asyncio.to_thread(get, "/healthz")
+    assert status == 200 and json.loads(body)["oldest_pending_reply_s"] is None
