@@ -411,3 +411,16 @@ async def test_a_question_waits_for_the_person_past_the_busy_timeout_without_hol
         assert (await h.chat()).eve_session == session
     finally:
         await h.stop()
+
+
+async def test_an_ambiguous_send_is_looked_up_in_the_stream_not_sent_again(harness: Harness, tg: FakeTelegram,
+                                                                          fake_eve: FakeEve):
+    """F4: eve took the message and ran it, but the answer was a 502: the turn is found in eve's
+    stream and followed — one send, one answer (before, it was sent again: two answers)."""
+    await tg.message("first", user_id=OWNER)
+    await harness.settled()
+    fake_eve.ambiguous_sends = 1
+    await tg.message("hello", user_id=OWNER)
+    await harness.settled(30)
+    assert tg.texts() == ["echo: first", "echo: hello"]
+    assert routes(fake_eve) == ["send", "send"]

@@ -61,8 +61,13 @@ async def drive(s: Services, inbox: asyncio.Queue[object], address: str, claim: 
         return
     try:
         await send(s, address, claim, [decode(m.payload) for m in messages], policy="queue")
+    except eve.EveConnectError:
+        await s.transitions.give_back(address, claim)  # eve never saw it: back to the queue's head
+        raise
     except eve.EveTransportError:
-        await s.transitions.give_back(address, claim)
+        # Ambiguous (a 5xx, a timeout after the request went out): eve may have it. The claim
+        # stays; the worker's next look resumes the busy record, which reads eve's stream from
+        # the cursor and sends again only if eve never started the turn (F4).
         raise
     except Lost as exc:
         await lose(s, address, claim, str(exc))

@@ -117,6 +117,7 @@ class FakeEve:
         self.server_errors = 0
         self.compact_ack_delay = 0.0
         self.compact_errors = 0  # the next N compact requests answer 500
+        self.ambiguous_sends = 0  # the next N sends are taken and run, but answered 502
         self.summary_delay = 0.0
         self.summary_fail = False
         self.step_delay = 0.0
@@ -305,6 +306,10 @@ class FakeEve:
             session.steer.put_nowait(item)
         else:
             session.inputs.put_nowait(item)
+        if self.ambiguous_sends:
+            # Accepted and running, but the answer is lost to a proxy's 502 (an ambiguous send).
+            self.ambiguous_sends -= 1
+            return web.Response(status=502, text="Bad Gateway")
         return web.json_response({"ok": True, "sessionId": session.id, "status": "accepted",
                                   "deliveryId": delivery}, status=202)
 
