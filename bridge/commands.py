@@ -18,7 +18,7 @@ from .addressing import Address
 from .chat.services import Services
 from .chat.transitions import ChatState, state_of
 from .payloads import Kind
-from .texts import t
+from .texts import number, t
 
 if TYPE_CHECKING:
     from .chat.worker import Scheduler
@@ -26,10 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["Commands"]
 
 logger = log.get("bridge.commands")
-
-
-def _n(value: int) -> str:
-    return f"{value:,}".replace(",", " ")
 
 
 class Commands:
@@ -101,7 +97,7 @@ class Commands:
                 else:
                     captured = await s.transitions.capture_manual(addr, before=chat.measurement,
                                                                  reply_to=message.message_id, lang=lang)
-                    text = (t("compact_accepted", lang, before=_n(chat.measurement)) if captured
+                    text = (t("compact_accepted", lang, before=number(chat.measurement)) if captured
                             else t("compact_after_answer", lang))  # M3: a turn took the chat first
                 await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
                                       reply_to=message.message_id)
@@ -120,7 +116,7 @@ class Commands:
         s = self.s
         chat = await s.store.chat(address)
         queued = await s.queue.depth(address)
-        threshold = _n(s.threshold())
+        threshold = number(s.threshold())
         if chat is None:
             text = t("status", lang, session=t("status_no_session", lang), state=t("status_idle", lang),
                      queued=queued, measure=t("status_unknown", lang), threshold=threshold,
@@ -135,7 +131,7 @@ class Commands:
                 state = t(key, lang, seconds=int(time.time() - chat.busy_since))
             else:
                 state = t("status_idle", lang)
-            measure = _n(chat.measurement) if chat.measurement is not None else t("status_unknown", lang)
+            measure = number(chat.measurement) if chat.measurement is not None else t("status_unknown", lang)
             parking = t("status_parking_off" if chat.compaction_disabled else "status_parking_on", lang)
             text = t("status", lang, session=session, state=state, queued=queued, measure=measure,
                      threshold=threshold, parking=parking)

@@ -55,10 +55,6 @@ class ChatGone(Exception):
     """The bot was blocked, kicked, or the chat (or topic) no longer exists."""
 
 
-def _backoff(attempt: int) -> float:
-    return backoff.TELEGRAM.delay(attempt)
-
-
 _GONE_MARKERS = ("chat not found", "bot was kicked", "user is deactivated", "message thread not found",
                  "topic_deleted", "have no rights to send", "not enough rights to send")
 
@@ -136,7 +132,7 @@ class Sender:
                     logger.warning("telegram_answer_undecodable_but_ok", chat_id=chat_id, error=exc.message)
                     return (message_id if isinstance(message_id, int) else 0), chat_id
                 METRICS.telegram_retries.labels(reason="undecodable").inc()
-                delay = _backoff(attempt)
+                delay = backoff.TELEGRAM.delay(attempt)
                 attempt += 1
                 logger.warning("telegram_answer_undecodable", chat_id=chat_id, error=exc.message, wait=round(delay, 2))
                 await asyncio.sleep(delay)
@@ -163,7 +159,7 @@ class Sender:
                 raise
             except (TelegramServerError, TelegramNetworkError) as exc:
                 METRICS.telegram_retries.labels(reason="transient").inc()
-                delay = _backoff(attempt)
+                delay = backoff.TELEGRAM.delay(attempt)
                 attempt += 1
                 logger.warning("telegram_send_retry", chat_id=chat_id, error=str(exc), wait=round(delay, 2))
                 await asyncio.sleep(delay)

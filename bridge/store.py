@@ -387,10 +387,6 @@ class Store:
         rows = await self.db.fetchall("SELECT * FROM chats WHERE status = 'busy' ORDER BY busy_since")
         return [Chat.from_row(r) for r in rows]
 
-    async def count_busy(self) -> int:
-        row = await self.db.fetchone("SELECT count(*) FROM chats WHERE status = 'busy'")
-        return int(row[0]) if row else 0
-
     async def chats_wanting_reset(self) -> list[str]:
         rows = await self.db.fetchall("SELECT address FROM chats WHERE reset_requested = 1")
         return [r["address"] for r in rows]
@@ -524,10 +520,4 @@ class Store:
         return await self.db.execute(
             "UPDATE outbox SET state = 'failed', sent_at = ? WHERE address = ? AND state = 'pending'",
             (time.time(), address),
-        )
-
-    async def fail_outgoing_of_chat(self, chat_id: int) -> int:
-        return await self.db.execute(
-            "UPDATE outbox SET state = 'failed', sent_at = ? WHERE chat_id = ? AND state = 'pending'",
-            (time.time(), chat_id),
         )

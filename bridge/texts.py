@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["DEFAULT_LANG", "LANGS", "Lang", "pick_lang", "t"]
+__all__ = ["DEFAULT_LANG", "LANGS", "Lang", "number", "pick_lang", "t"]
 
 Lang = Literal["ru", "en"]
 LANGS: tuple[Lang, ...] = ("ru", "en")
@@ -182,6 +182,11 @@ def _as_lang(code: str) -> Lang | None:
         if code == lang:
             return lang
     return None
+
+
+def number(value: int | None) -> str:
+    """A token count as the person reads it: ``120 000``; ``?`` when unknown."""
+    return "?" if value is None else f"{value:,}".replace(",", " ")
 
 
 def t(key: str, lang: str, /, **values: object) -> str:

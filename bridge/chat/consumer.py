@@ -28,7 +28,7 @@ from ..metrics import METRICS
 from ..payloads import InputAnswer, Kind, PromptButton, QueuedMessage, decode
 from ..sender import Typing
 from ..store import Chat, CompactPhase
-from ..texts import t
+from ..texts import number, t
 from .compaction import Answer, Compaction
 from .delivery import GONE, Lost, send
 from .endings import lose
@@ -273,8 +273,8 @@ class BusyPeriod:
             chat = parked.chat
             if parked.after_before is not None and parked.decision.after is not None:
                 await s.outbox.say(chat, f"after:{self.cursor}:{chat.claim}",
-                                   t("compact_after", chat.compact_lang or chat.lang, after=_n(parked.decision.after),
-                                     before=_n(parked.after_before)))
+                                   t("compact_after", chat.compact_lang or chat.lang, after=number(parked.decision.after),
+                                     before=number(parked.after_before)))
         METRICS.turns.labels(outcome="completed").inc()
         logger.info("turn_finished", measurement=self.measurement, messages=len(parked.inflight),
                     threshold=s.threshold(), compacting=parked.compaction_claim is not None,
@@ -394,6 +394,3 @@ class BusyPeriod:
                 s.spawn(s.sender.react(chat.chat_id, item.message_id, "⚡"))
         return False
 
-
-def _n(value: int | None) -> str:
-    return "?" if value is None else f"{value:,}".replace(",", " ")

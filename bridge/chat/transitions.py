@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from diskqueue import DiskQueue, Message, State
 
-from ..payloads import InputAnswer, Kind, Origin, Queued, QueuedMessage, decode
+from ..payloads import InputAnswer, Kind, Origin, QueuedMessage, decode
 from ..store import CancelMark, Chat, ChatStatus, CompactPhase, Store
 from . import parking
 
@@ -108,11 +108,6 @@ class Claim:
     claim: str
     session: str | None
     messages: Sequence[Message]
-    owner: bool
-
-    @property
-    def items(self) -> list[Queued]:
-        return [decode(m.payload) for m in self.messages]
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +219,7 @@ class Transitions:
                 "progress_at": now, "reset_mark": False, "eve_session": session,
                 "cursor": chat.cursor if session else 0,
             })
-            return Claim(claim=claim, session=session, messages=messages, owner=owner)
+            return Claim(claim=claim, session=session, messages=messages)
 
     # -- inside a turn ---------------------------------------------------------------------
 
