@@ -18,6 +18,7 @@ DEFAULT_COMPACT_CEILING = 110_000
 DEFAULT_MANUAL_COMPACT_MIN = 30_000
 DEFAULT_COMPACT_ACK_SECONDS = 5.0
 DEFAULT_BUSY_TIMEOUT = 900.0
+DEFAULT_SEND_ATTEMPTS = 5  # a message eve answers 5xx (and never started) goes this often, then the person is told (F6)
 DEFAULT_HEALTH_REPLY_SECONDS = 120.0
 DEFAULT_MAX_TURNS = 16
 DEFAULT_BATCH = 10
@@ -71,6 +72,7 @@ class Settings:
     compact_ack_seconds: float = DEFAULT_COMPACT_ACK_SECONDS
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT
     health_reply_seconds: float = DEFAULT_HEALTH_REPLY_SECONDS
+    send_attempts: int = DEFAULT_SEND_ATTEMPTS
     lang: Literal["ru", "en"] = "ru"
     api_listen: str = DEFAULT_API_LISTEN
     api_token: str | None = field(default=None, repr=False)
@@ -214,6 +216,7 @@ class Settings:
             compact_ack_seconds=number("IVA_COMPACT_ACK_SECONDS", DEFAULT_COMPACT_ACK_SECONDS, low=0.1),
             busy_timeout=number("IVA_BUSY_TIMEOUT", DEFAULT_BUSY_TIMEOUT, low=1.0),
             health_reply_seconds=number("IVA_HEALTH_REPLY_SECONDS", DEFAULT_HEALTH_REPLY_SECONDS, low=1.0),
+            send_attempts=integer("IVA_EVE_SEND_ATTEMPTS", DEFAULT_SEND_ATTEMPTS, low=1, high=100),
             max_turns=integer("IVA_MAX_TURNS", DEFAULT_MAX_TURNS, low=1, high=10_000),
             batch_size=integer("IVA_BATCH", DEFAULT_BATCH, low=1, high=100),
             max_file_mb=integer("IVA_MAX_FILE_MB", DEFAULT_MAX_FILE_MB, low=1, high=2000),

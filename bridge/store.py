@@ -405,7 +405,11 @@ class Store:
         reply_to: int | None = None,
         markup: Any = None,
     ) -> bool:
-        """Queue a text to send; False when ``key`` was queued before (T7: replays send nothing)."""
+        """Queue a text to send; False when ``key`` was queued before (T7: replays send nothing).
+
+        A lone UTF-16 surrogate (JSON allows ``"\\ud83d"`` alone; SQLite and Telegram refuse
+        it) becomes U+FFFD, so a model's broken emoji never costs the person the reply (F6)."""
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         rows = await self.db.fetchall(
             "INSERT INTO outbox (address, key, chat_id, thread_id, text, format, reply_to, markup, created_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING RETURNING id",

@@ -116,6 +116,10 @@ _TEXTS: dict[str, dict[Lang, str]] = {
         "en": "New conversation started. {n} waiting message(s) were dropped.",
         "ru": "Начат новый разговор. Ожидавших сообщений отброшено: {n}.",
     },
+    "eve_server_error": {
+        "en": "the assistant's server kept failing on it",
+        "ru": "сервер ассистента раз за разом отвечал ошибкой",
+    },
     "turn_failed": {
         "en": "Sorry, I couldn't answer that ({reason}). Please try again.",
         "ru": "Не получилось ответить ({reason}). Попробуйте ещё раз.",

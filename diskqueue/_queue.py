@@ -123,7 +123,7 @@ class DiskQueue:
     async def claim(self, address: str, *, limit: int = 1, claim: str | None = None) -> list[Message]:
         """Move the address's next ``limit`` queued messages to INFLIGHT, oldest first."""
         rows = await self.db.fetchall(
-            "UPDATE diskqueue_messages SET state = ?, claim = ?, claimed_at = ?, attempts = attempts + 1 "
+            "UPDATE diskqueue_messages SET state = ?, claim = ?, claimed_at = ? "
             "WHERE id IN (SELECT id FROM diskqueue_messages WHERE address = ? AND state = ? ORDER BY id LIMIT ?) "
             "RETURNING *",
             (State.INFLIGHT, claim, time.time(), address, State.QUEUED, limit),
@@ -140,6 +140,21 @@ class DiskQueue:
             sql += " AND claim = ?"
             params.append(claim)
         return await self.db.execute(sql, params)
+
+    async def count_failure(self, ids: Sequence[int], *, claim: str) -> int:
+        """One more failed attempt for these in-flight messages; returns the highest count.
+
+        Counted by the caller for the failures it means to bound (a claim alone counts nothing:
+        a message given back because its consumer was unreachable has not failed)."""
+        if not ids:
+            return 0
+        marks = ",".join("?" * len(ids))
+        rows = await self.db.fetchall(
+            f"UPDATE diskqueue_messages SET attempts = attempts + 1 WHERE state = ? AND claim = ? AND id IN ({marks}) "
+            "RETURNING attempts",
+            [State.INFLIGHT, claim, *ids],
+        )
+        return max((int(r["attempts"]) for r in rows), default=0)
 
     async def reassign(self, ids: Sequence[int], *, claim: str, to: str) -> int:
         """In-flight messages under ``claim`` move to the claim ``to`` (still in flight)."""

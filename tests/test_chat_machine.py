@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from bridge.chat.transitions import ChatState, state_of
+from bridge.metrics import METRICS
 from bridge.store import CompactPhase
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
@@ -411,6 +412,75 @@ async def test_a_question_waits_for_the_person_past_the_busy_timeout_without_hol
         assert (await h.chat()).eve_session == session
     finally:
         await h.stop()
+
+
+async def test_a_message_eve_always_fails_on_is_given_up_and_the_chat_moves_on(tmp_path: Path, tg: FakeTelegram,
+                                                                                fake_eve: FakeEve):
+    """F6: eve answers 500 to one message every time. It is sent IVA_EVE_SEND_ATTEMPTS times (each
+    time after looking in the stream that eve never started it), then the person is told in one
+    line and the next message is answered (before: resent forever, the chat blocked)."""
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_EVE_SEND_ATTEMPTS="2")
+    await h.start()
+    try:
+        fake_eve.failing_texts = {"poison"}
+        await tg.message("poison", user_id=OWNER)
+        await h.until(lambda: fake_eve.failed_sends >= 1, what="the first failed send")
+        await tg.message("after", user_id=OWNER)
+        await h.settled(30)
+        assert fake_eve.failed_sends == 2
+        assert tg.texts() == ["Sorry, I couldn't answer that (the assistant's server kept failing on it). "
+                              "Please try again.", "echo: after"]
+        assert state_of(await h.chat()) is ChatState.IDLE
+    finally:
+        await h.stop()
+
+
+async def test_a_message_failing_while_eve_is_down_waits_for_eve(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
+    """F6 against R6: while eve's health check fails too (eve down behind a proxy answering 5xx),
+    the failures are not the message's: it waits past the bound and goes once eve is back."""
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_EVE_SEND_ATTEMPTS="1")
+    await h.start()
+    try:
+        fake_eve.failing_texts, fake_eve.unhealthy = {"hello"}, True
+        await tg.message("hello", user_id=OWNER)
+        await h.until(lambda: fake_eve.failed_sends >= 2, timeout=30, what="two failed sends")
+        assert tg.texts() == []
+        assert state_of(await h.chat()) is ChatState.TURN
+        fake_eve.failing_texts = set()  # sends work again (health still failing: never counted)
+        await h.settled(30)
+        assert tg.texts() == ["echo: hello"]
+    finally:
+        await h.stop()
+
+
+async def test_an_event_a_handler_cannot_take_is_skipped_not_replayed_forever(harness: Harness, tg: FakeTelegram,
+                                                                              fake_eve: FakeEve):
+    """F6: a step.completed whose usage says NaN made the handler raise; the worker replayed it
+    from the cursor forever and the chat stayed busy. It is logged and skipped: the reply goes
+    once, the chat is free, and the next turn runs."""
+    fake_eve.tamper = {"step.completed": {"usage": {"inputTokens": float("nan"), "outputTokens": 1}}}
+    def skipped() -> float:
+        return METRICS.registry.get_sample_value("iva_eve_errors_total", {"kind": "event"}) or 0.0
+
+    before = skipped()
+    await tg.message("hello", user_id=OWNER)
+    await harness.settled()
+    assert tg.texts() == ["echo: hello"]
+    assert state_of(await harness.chat()) is ChatState.IDLE
+    assert skipped() - before == 1
+    await tg.message("again", user_id=OWNER)
+    await harness.settled()
+    assert tg.texts() == ["echo: hello", "echo: again"]
+
+
+async def test_a_reply_with_a_lone_surrogate_reaches_the_person(harness: Harness, tg: FakeTelegram, fake_eve: FakeEve):
+    """F6: a model's broken emoji (a lone UTF-16 surrogate, legal in JSON) could not be stored:
+    the reply is sent with U+FFFD in its place."""
+    fake_eve.tamper = {"message.completed": {"message": "half an emoji \ud83d here"}}
+    await tg.message("hello", user_id=OWNER)
+    await harness.settled()
+    assert tg.texts() == ["half an emoji \ufffd here"]
+    assert state_of(await harness.chat()) is ChatState.IDLE
 
 
 async def test_an_ambiguous_send_is_looked_up_in_the_stream_not_sent_again(harness: Harness, tg: FakeTelegram,

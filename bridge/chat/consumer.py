@@ -42,6 +42,8 @@ logger = log.get("bridge.chat.consumer")
 RESUME_GRACE = 10.0
 WAITING_ON_PERSON = 7 * 24 * 3600.0  # a question open this long without an answer: the turn is lost
 POKE = object()
+# What a handler raises on an event of a shape it does not expect (a bad event, F6).
+BAD_EVENT = (LookupError, TypeError, ValueError, AttributeError, ArithmeticError)
 _STREAM_END = object()
 
 
@@ -177,11 +179,21 @@ class BusyPeriod:
             if isinstance(item, eve.SessionCompleted | eve.SessionFailed):
                 await lose(self.s, self.address, self.claim, item.type)
                 return
-            if self.compaction is not None:
-                done = await self.compaction.on_event(item, self.cursor)
-                self._sync_claim()
-            else:
-                done = await self._on_turn_event(item)
+            try:
+                if self.compaction is not None:
+                    done = await self.compaction.on_event(item, self.cursor)
+                    self._sync_claim()
+                else:
+                    done = await self._on_turn_event(item)
+            except BAD_EVENT:
+                # F6: an event we cannot take (a field of a shape no handler expects) is logged
+                # and skipped: its transaction rolled back, the next effect moves the cursor past
+                # it. Replaying it after a restart skips it again; it never wedges the chat.
+                # Faults of the database, eve or Telegram are not in BAD_EVENT: they propagate
+                # and the worker retries from the cursor.
+                METRICS.eve_errors.labels(kind="event").inc()
+                logger.exception("eve_event_skipped", type=item.type, index=item.index, event_id=item.id)
+                continue
             if done:
                 return
 

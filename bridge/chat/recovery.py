@@ -45,10 +45,28 @@ async def resume(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
             await lose(s, chat.address, chat.claim, str(exc))
             return
         if not any(isinstance(e, eve.TurnStarted | eve.MessageReceived) for e in page.events):
-            # Claimed and marked busy, but the send never reached eve: send it now.
-            await drive(s, inbox, chat.address, chat.claim)
+            # Claimed and marked busy, but the send never reached eve: send it now — unless eve
+            # has answered these messages with a server error as often as we try (F6): then
+            # the person is told and the chat moves on, instead of one message blocking it.
+            inflight = await s.queue.inflight(chat.address)
+            tried = max((m.attempts for m in inflight if m.claim == chat.claim), default=0)
+            if tried >= s.settings.send_attempts:
+                logger.error("eve_send_given_up", attempts=tried, messages=[m.id for m in inflight])
+                await fail_turn(s, chat.address, chat.claim, t("eve_server_error", chat.lang))
+                return
+            await drive(s, inbox, chat.address, chat.claim, inflight)
             return
     await BusyPeriod(s, inbox, chat).run()
+
+
+async def _eve_is_up(s: Services) -> bool:
+    """eve answers its health check: failures of one message are that message's, not an outage
+    (while eve is down or its proxy answers 5xx to everything, messages wait: R6)."""
+    try:
+        async with asyncio.timeout(10):
+            return (await s.eve.health()).ok
+    except (eve.EveError, TimeoutError):
+        return False
 
 
 async def drive(s: Services, inbox: asyncio.Queue[object], address: str, claim: str,
@@ -67,7 +85,11 @@ async def drive(s: Services, inbox: asyncio.Queue[object], address: str, claim: 
     except eve.EveTransportError:
         # Ambiguous (a 5xx, a timeout after the request went out): eve may have it. The claim
         # stays; the worker's next look resumes the busy record, which reads eve's stream from
-        # the cursor and sends again only if eve never started the turn (F4).
+        # the cursor and sends again only if eve never started the turn (F4). While eve itself
+        # is up, the failure is counted: a message eve always fails on is sent a bounded number
+        # of times (F6); an outage is waited out, never counted (R6).
+        if await _eve_is_up(s):
+            await s.queue.count_failure([m.id for m in messages], claim=claim)
         raise
     except Lost as exc:
         await lose(s, address, claim, str(exc))

@@ -9,6 +9,8 @@ real eve alike: ``[[tokens=N]]``, ``[[delay=S]]``, ``[[fail=CODE]]``, ``[[reply=
 - ``garbage_every``: a malformed line is written before every Nth event of a stream;
 - ``stuck``: sessions accept messages and never run them (eve restarted mid-turn, §9);
 - ``server_errors``: the next N requests of any route answer 500;
+- ``tamper``: fields laid over the next event of a type (an event a handler cannot take, F6);
+- ``failing_texts``: a send whose text holds one of these answers 500 and is never taken (F6);
 - ``compact_ack_delay`` / ``summary_delay`` / ``summary_fail`` / ``compact_errors``: compaction
   behaviour (§5).
 
@@ -118,6 +120,10 @@ class FakeEve:
         self.compact_ack_delay = 0.0
         self.compact_errors = 0  # the next N compact requests answer 500
         self.ambiguous_sends = 0  # the next N sends are taken and run, but answered 502
+        self.failing_texts: set[str] = set()  # a send whose text holds one of these: 500, never taken (F6)
+        self.failed_sends = 0
+        self.tamper: dict[str, dict[str, Any]] = {}  # event type → fields laid over its next emission (F6)
+        self.unhealthy = False  # /eve/v1/health answers 503 (eve down behind a proxy)
         self.summary_delay = 0.0
         self.summary_fail = False
         self.step_delay = 0.0
@@ -217,6 +223,8 @@ class FakeEve:
         return self.sessions.get(request.match_info["id"])
 
     async def _emit(self, session: FakeSession, type_: str, data: dict[str, Any], deliveries: list[str]) -> None:
+        if type_ in self.tamper:
+            data = {**data, **self.tamper.pop(type_)}
         event = {"type": type_, "data": data,
                  "meta": {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ"), "id": f"evt_{next(self._ids):08d}",
                           "deliveryIds": list(deliveries)}}
@@ -229,6 +237,8 @@ class FakeEve:
     # -- routes -----------------------------------------------------------------------------
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self.unhealthy:
+            return web.json_response({"ok": False, "status": "unavailable"}, status=503)
         return web.json_response({"ok": True, "status": "ready", "workflowId": "workflow//eve//workflowEntry"})
 
     async def _info(self, request: web.Request) -> web.Response:
@@ -269,6 +279,9 @@ class FakeEve:
             return web.json_response({"code": "session_not_ready",
                                       "error": "The session is not ready to accept messages yet.", "ok": False},
                                      status=409)
+        if any(bad in _flatten(body.get("message", "")) for bad in self.failing_texts):
+            self.failed_sends += 1
+            return web.json_response({"error": "Internal error", "ok": False}, status=500)
         if "inputResponses" in body and "message" not in body:
             delivery = str(uuid.uuid4())
             session.answers.put_nowait(("response", body["inputResponses"], delivery))

@@ -43,9 +43,23 @@ async def test_claim_takes_the_address_fifo_in_one_statement(queue):
         await queue.enqueue("b", {"n": n})
     got = await queue.claim("a", limit=3, claim="c1")
     assert [m.payload["n"] for m in got] == [0, 1, 2]
-    assert all(m.state is State.INFLIGHT and m.claim == "c1" and m.attempts == 1 for m in got)
+    assert all(m.state is State.INFLIGHT and m.claim == "c1" and m.attempts == 0 for m in got)
     assert [m.payload["n"] for m in await queue.claim("a", limit=10)] == [3, 4]
     assert await queue.depth("b") == 5
+
+
+async def test_failures_are_counted_only_when_the_caller_says_so(queue):
+    """F6: a claim counts nothing (a message given back while eve was down has not failed);
+    count_failure counts for the claim's in-flight messages and answers the highest count."""
+    await queue.enqueue("a", {"n": 1})
+    await queue.enqueue("a", {"n": 2})
+    first = await queue.claim("a", limit=1, claim="c1")
+    assert await queue.count_failure([first[0].id], claim="c1") == 1
+    assert await queue.count_failure([first[0].id], claim="other") == 0  # another claim's: untouched
+    await queue.nack([first[0].id], claim="c1")
+    again = await queue.claim("a", limit=2, claim="c2")
+    assert [m.attempts for m in again] == [1, 0]
+    assert await queue.count_failure([m.id for m in again], claim="c2") == 2
 
 
 async def test_acks_are_guarded_and_say_whether_they_applied(queue):
