@@ -33,7 +33,7 @@ from .ingest import Ingest
 from .metrics import METRICS
 from .notebook import McpServer, Notebook, NotebookConfig, OwnerApi, PressureTexts, Rebuilder
 from .sender import Sender, undecodable
-from .state import StateUnavailable, open_state
+from .state import StateCorrupt, StateUnavailable, open_state
 from .texts import t
 
 __all__ = ["Bridge", "make_bot", "run"]
@@ -125,6 +125,7 @@ class Bridge:
 
     async def run(self) -> None:
         s = self.settings
+        corrupted: BaseException | None = None
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)
@@ -188,12 +189,16 @@ class Bridge:
                     group.create_task(self._stop_watcher(), name="stop")
             except* _Shutdown:
                 pass
+            except* StateCorrupt as group:
+                corrupted = group.exceptions[0]
             systemd.notify("STOPPING=1")
             logger.info("bridge_stopping")
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
         logger.info("bridge_stopped")
+        if corrupted is not None:
+            raise corrupted
 
     async def _until_stop(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run a start-up step unless SIGTERM comes first (then None)."""
@@ -231,4 +236,7 @@ async def run(settings: Settings) -> int:
         return 3
     except StateUnavailable:
         return 4  # logged by open_state: locked, read-only, full or not permitted; nothing moved
+    except StateCorrupt:
+        # Logged where it was found; the restart's check moves the file aside (R5).
+        return 5
     return 0

@@ -31,6 +31,7 @@ from .chat.worker import Scheduler
 from .commands import Commands
 from .metrics import METRICS
 from .payloads import Attachment, InputAnswer, PromptButton, QueuedMessage
+from .state import StateCorrupt, corrupt
 from .texts import pick_lang, t
 
 __all__ = ["Ingest"]
@@ -144,14 +145,25 @@ class Ingest:
                 outcome = await self.handle(update)
                 METRICS.updates.labels(outcome=outcome).inc()
                 return
-            except sqlite3.OperationalError as exc:
+            except sqlite3.DatabaseError as exc:
+                if corrupt(exc):
+                    # The file is bad: nothing can be stored, so nothing may be confirmed. The
+                    # bridge stops; the restart's check moves the file aside, Telegram
+                    # redelivers this update (before, the offset passed it: lost).
+                    logger.error("state_database_corrupt", error=str(exc))
+                    raise StateCorrupt(str(exc)) from exc
+                if not isinstance(exc, sqlite3.OperationalError):
+                    # A constraint or a misuse: a bug on one update, which must not wedge the bot.
+                    logger.exception("ingest_update_failed")
+                    METRICS.updates.labels(outcome="error").inc()
+                    return
                 # The disk or the lock: the update stays unconfirmed; we retry, and if we die
-                # Telegram redelivers it. (Other sqlite3 errors are bugs, handled below.)
+                # Telegram redelivers it.
                 attempt += 1
                 wait = backoff.COMMIT.delay(attempt)
                 logger.error("ingest_commit_failed", error=str(exc), wait=wait)
                 await asyncio.sleep(wait)
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, StateCorrupt):
                 raise
             except Exception:
                 # A bug on one update must not wedge the bot; the operator sees it here.

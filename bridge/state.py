@@ -21,7 +21,7 @@ from diskqueue import Database, DatabaseError, DiskQueue
 from . import backoff, log
 from .store import Store
 
-__all__ = ["OpenedState", "StateUnavailable", "open_state"]
+__all__ = ["OpenedState", "StateCorrupt", "StateUnavailable", "corrupt", "open_state"]
 
 logger = log.get("bridge.state")
 
@@ -32,6 +32,12 @@ _CORRUPT = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 class StateUnavailable(Exception):
     """The state database could not be used (locked, read-only, full, not permitted), and is
     not corrupt: nothing was moved; the operator must look."""
+
+
+class StateCorrupt(Exception):
+    """SQLite found the state database corrupt while the bridge ran. Nothing more can be made
+    durable: the bridge stops (exit 5) without confirming what it could not store, and the
+    start-up check moves the file aside on the restart (Telegram redelivers what was lost)."""
 
 
 class _Corrupt(DatabaseError):

@@ -60,13 +60,21 @@ class KillingDatabase(Database):
         self.statements = 0
         self.killed = asyncio.Event()
         self.failing: dict[str, int] = {}  # SQL prefix → the next N such statements fail (a lock, a full disk)
+        self.failure: sqlite3.Error = sqlite3.OperationalError("database is locked")  # what they raise
 
-    async def execute(self, sql: str, params: Any = ()) -> int:
+    def _maybe_fail(self, sql: str) -> None:
         for prefix, left in self.failing.items():
             if left and sql.startswith(prefix):
                 self.failing[prefix] = left - 1
-                raise sqlite3.OperationalError("database is locked")
+                raise self.failure
+
+    async def execute(self, sql: str, params: Any = ()) -> int:
+        self._maybe_fail(sql)
         return await super().execute(sql, params)
+
+    async def fetchall(self, sql: str, params: Any = ()) -> list[sqlite3.Row]:
+        self._maybe_fail(sql)
+        return await super().fetchall(sql, params)
 
     async def _run(self, fn: Callable[..., T]) -> T:
         self.statements += 1
@@ -110,6 +118,7 @@ class Harness:
         self._closers: list[Callable[[], Coroutine[Any, Any, Any]]] = []
         self._closing: list[asyncio.Task[Any]] = []  # aiogram's close waits 250 ms: not in the way
         self.starts = 0
+        self.ingest: asyncio.Task[Any] | None = None
 
     @property
     def s(self) -> Services:
@@ -145,7 +154,7 @@ class Harness:
         me = await bot.get_me()
         ingest = Ingest(services=self.services, me=me, scheduler=self.scheduler,
                         commands=Commands(self.services, self.scheduler))
-        self.spawn(ingest.run())
+        self.ingest = self.spawn(ingest.run())
         await self.scheduler.recover()
 
     async def crash(self) -> None:

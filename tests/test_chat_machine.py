@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +22,7 @@ import pytest
 
 from bridge.chat.transitions import ChatState, state_of
 from bridge.metrics import METRICS
+from bridge.state import StateCorrupt
 from bridge.store import CompactPhase
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
@@ -481,6 +483,24 @@ async def test_a_reply_with_a_lone_surrogate_reaches_the_person(harness: Harness
     await harness.settled()
     assert tg.texts() == ["half an emoji \ufffd here"]
     assert state_of(await harness.chat()) is ChatState.IDLE
+
+
+async def test_a_database_corrupt_mid_run_stops_the_bridge_without_confirming_the_update(
+        harness: Harness, tg: FakeTelegram, fake_eve: FakeEve):
+    """F2: SQLite says the file is malformed while an update is being stored. The bridge stops
+    (exit 5 in the real process) and the offset does not pass the update; after the restart
+    Telegram redelivers it and it is answered once (before: logged as a bug, confirmed, lost)."""
+    assert harness.db is not None and harness.ingest is not None
+    harness.db.failing["INSERT INTO diskqueue_messages"] = 1
+    harness.db.failure = sqlite3.DatabaseError("database disk image is malformed")
+    await tg.message("hello", user_id=OWNER)
+    with pytest.raises(StateCorrupt):
+        await asyncio.wait_for(harness.ingest, 15)
+    assert not tg.all_confirmed()
+    await harness.crash()
+    await harness.start()
+    await harness.settled()
+    assert tg.texts() == ["echo: hello"]
 
 
 async def test_an_ambiguous_send_is_looked_up_in_the_stream_not_sent_again(harness: Harness, tg: FakeTelegram,
