@@ -93,6 +93,33 @@ async def test_late_acceptance_releases_then_recaptures_in_process(tmp_path: Pat
         await h.stop()
 
 
+async def test_a_compaction_eve_accepts_after_a_turn_in_the_released_window_still_holds_the_chat(
+        tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
+    """C6 after the released window: the compaction was released, a message was answered
+    meanwhile, and only then did eve announce the compaction. The chat is held all the same: a
+    message arriving during it gets the C3 notice and is answered after (before: the turn's end
+    freed the chat and nobody watched; the message waited for the summary without a word)."""
+    fake_eve.compact_ack_delay = 1.5
+    fake_eve.summary_delay = 1.0
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_COMPACT_ACK_SECONDS="0.3")
+    await h.start()
+    try:
+        await tg.message("big [[tokens=120000]]", user_id=OWNER)
+        await h.until(lambda: _phase(h, CompactPhase.RELEASED), what="released")
+        await tg.message("second", user_id=OWNER)
+        await h.until(lambda: "echo: second" in tg.texts(), what="the turn in the released window")
+        await h.until(lambda: _state(h, ChatState.COMPACTING), what="recaptured after the turn")
+        await tg.message("third", user_id=OWNER)
+        await h.settled()
+        assert tg.texts() == ["echo: big", "echo: second", "Compacting the conversation, I'll answer soon.",
+                              "echo: third"]
+        chat = await h.chat()
+        assert chat.compactions == 1 and chat.compact_phase is None and state_of(chat) is ChatState.IDLE
+        assert routes(fake_eve) == ["send", "compact", "send", "send"]
+    finally:
+        await h.stop()
+
+
 async def test_a_stuck_session_is_lost_after_the_busy_timeout(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
     """R2/R3: no progress within IVA_BUSY_TIMEOUT → the chat is free with the reset mark, the
     person is asked to repeat; the next message starts a new session."""

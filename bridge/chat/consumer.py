@@ -74,6 +74,11 @@ class BusyPeriod:
         self.waiting_input = chat.waiting_input
         self.answered = False  # the person answered the open question: eve must go on now
         self.slot = slot
+        self.in_turn = False  # between eve's turn.started and the turn's end
+        # C6: a compaction released before this turn may still be announced by eve; if it is,
+        # outside a turn, the person hears the C3 notice and the turn's end need not watch for it.
+        self.outstanding = chat.kind is Kind.TURN and chat.compact_phase is CompactPhase.RELEASED
+        self.announced = False
         self.usage = [0, 0, 0, 0]  # steps, input, output, cache read: spend not yet committed
 
     async def _commit_spend(self) -> None:
@@ -221,6 +226,7 @@ class BusyPeriod:
                     await self.typing.stop()  # never after the final send (LESSONS #12)
                 await s.outbox.flush(self.address)
             case eve.TurnStarted() | eve.StepStarted():
+                self.in_turn = self.in_turn or isinstance(event, eve.TurnStarted)
                 if self.typing is not None:
                     self.typing.start()
             case eve.StepCompleted():
@@ -232,6 +238,15 @@ class BusyPeriod:
                     self.usage[1] += usage.input_tokens or 0
                     self.usage[2] += usage.output_tokens or 0
                     self.usage[3] += usage.cache_read_tokens or 0
+            case eve.CompactionRequested() if self.outstanding and not self.in_turn and not self.announced:
+                # C6: the compaction released before this turn, announced now; our message waits
+                # behind it at eve: the person hears the C3 notice.
+                self.announced = True
+                logger.info("compaction_announced_late", estimate=event.usage_input_tokens)
+                async with s.store.db.transaction():
+                    await s.outbox.say(chat, f"c3:{event.id}", t("compacting_notice", chat.lang))
+                    await tr.advance(self.address, claim, self.cursor)
+                await s.outbox.flush(self.address)
             case eve.CompactionRequested():
                 logger.info("eve_in_turn_compaction", estimate=event.usage_input_tokens)  # eve's, not ours
             case eve.CompactionCompleted():
@@ -263,6 +278,7 @@ class BusyPeriod:
             if self.slot is not None and not event.terminal:
                 await self.slot.retake()
         if event.terminal:
+            self.in_turn = False
             if self.prompted:
                 await s.store.close_prompts(self.session)
             self.turn_ended = True
@@ -279,7 +295,7 @@ class BusyPeriod:
         async with s.store.db.transaction():
             parked = await s.transitions.park(
                 self.address, claim, cursor=self.cursor, measurement=self.measurement, threshold=s.threshold(),
-                may_compact=not s.requests.outstanding(self.address),
+                may_compact=not s.requests.outstanding(self.address), announced=self.announced,
             )
             await self._commit_spend()
             chat = parked.chat
@@ -297,7 +313,17 @@ class BusyPeriod:
             # N7: after the turn, beside the compaction, never in front of the reply (sent already).
             s.spawn(s.rebuilder.maybe_run(self.address))
         if parked.compaction_claim is None:
-            return True
+            if chat.compact_phase is not CompactPhase.RELEASED:
+                return True
+            # C6: the compaction released before this turn is still outstanding at eve: watch
+            # for its announcement (which takes the chat again) as the released watch does.
+            if self.typing is not None:
+                await self.typing.stop()
+                self.typing = None
+            self.claim = None
+            self.compaction = Compaction(s, self.inbox, chat)
+            logger.info("compaction_watch_resumed_after_turn")
+            return False
         # busy(turn) → busy(compacting, auto): auto compaction is silent (C11).
         if self.typing is not None:
             await self.typing.stop()

@@ -213,6 +213,10 @@ class Transitions:
                     fields["notes_mode"] = await self.notebook.mode_at_entry(chat)  # N2: fixed for the turn
             session = None if chat.reset_mark else chat.eve_session
             now = self.clock()
+            if session is not None and chat.compact_phase is CompactPhase.RELEASED:
+                # C6: a released compaction eve may still announce stays outstanding through the
+                # turn; the turn's end watches for it again (park).
+                fields.update(compact_phase=CompactPhase.RELEASED, origin=chat.origin)
             await self._write(address, **{
                 **_IDLE, **(FRESH_SESSION if session is None else {}), **fields,
                 "status": ChatStatus.BUSY, "kind": Kind.TURN, "claim": claim, "busy_since": now,
@@ -284,10 +288,14 @@ class Transitions:
     # -- the ways out of a turn --------------------------------------------------------------
 
     async def park(self, address: str, claim: str, *, cursor: int, measurement: int | None, threshold: int,
-                   may_compact: bool) -> Parked:
-        """busy(turn) → idle, or straight into busy(compacting, auto) in the same commit (C1, C2)."""
+                   may_compact: bool, announced: bool = False) -> Parked:
+        """busy(turn) → idle, or straight into busy(compacting, auto) in the same commit (C1, C2);
+        → released when a compaction released before this turn is still outstanding at eve and
+        was not announced during it (C6: the consumer watches for it)."""
         async with self.store.db.transaction():
             chat = await self._owned(address, claim, ChatState.TURN)
+            outstanding = chat.compact_phase is CompactPhase.RELEASED and not announced
+            may_compact = may_compact and not outstanding  # C5: never a second request
             now = self.clock()
             decision = parking.parking_decision(chat, measurement, threshold, now=now)
             inflight = await self._ack_inflight(chat)
@@ -305,6 +313,8 @@ class Transitions:
                 fields.update(status=ChatStatus.BUSY, kind=Kind.COMPACT, origin=Origin.AUTO, claim=compaction_claim,
                               busy_since=now, compact_notified=False, compact_before=measurement,
                               compact_phase=CompactPhase.WANTED, compact_reply_to=None, compact_lang=None)
+            elif outstanding:
+                fields.update(compact_phase=CompactPhase.RELEASED, origin=chat.origin)
             await self._write(address, fields)
             if chat.eve_session:
                 await self.store.close_prompts(chat.eve_session)
