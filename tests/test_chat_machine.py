@@ -120,6 +120,34 @@ async def test_a_compaction_eve_accepts_after_a_turn_in_the_released_window_stil
         await h.stop()
 
 
+async def test_a_compaction_eve_announces_before_a_waiting_turn_tells_the_person(tmp_path: Path, tg: FakeTelegram,
+                                                                                 fake_eve: FakeEve):
+    """C6/C3: the compaction was released and a message sent meanwhile, but eve runs the late
+    compaction first: the person whose message waits behind it hears the C3 notice once."""
+    fake_eve.compact_ack_delay = 0.8
+    fake_eve.summary_delay = 0.5
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_COMPACT_ACK_SECONDS="0.3")
+    await h.start()
+    try:
+        await tg.message("big [[tokens=120000]]", user_id=OWNER)
+        await h.until(lambda: _phase(h, CompactPhase.RELEASED), what="released")
+        fake_eve.hold_sends = True
+        await tg.message("second", user_id=OWNER)
+        await h.until(lambda: fake_eve.held == 1, what="the send at eve")
+
+        def announced() -> bool:
+            return any(e["type"] == "compaction.requested" for s in fake_eve.sessions.values() for e in s.events)
+
+        await h.until(announced, what="eve announcing the compaction")
+        fake_eve.release_sends.set()
+        await h.settled()
+        assert tg.texts() == ["echo: big", "Compacting the conversation, I'll answer soon.", "echo: second"]
+        chat = await h.chat()
+        assert state_of(chat) is ChatState.IDLE and chat.compact_phase is None
+    finally:
+        await h.stop()
+
+
 async def test_a_stuck_session_is_lost_after_the_busy_timeout(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
     """R2/R3: no progress within IVA_BUSY_TIMEOUT → the chat is free with the reset mark, the
     person is asked to repeat; the next message starts a new session."""

@@ -315,13 +315,16 @@ class BusyPeriod:
         if parked.compaction_claim is None:
             if chat.compact_phase is not CompactPhase.RELEASED:
                 return True
+            watched = await s.store.chat(self.address)
+            if watched is None or watched.compact_phase is not CompactPhase.RELEASED:
+                return True  # announced during the turn: nothing outstanding
             # C6: the compaction released before this turn is still outstanding at eve: watch
             # for its announcement (which takes the chat again) as the released watch does.
             if self.typing is not None:
                 await self.typing.stop()
                 self.typing = None
             self.claim = None
-            self.compaction = Compaction(s, self.inbox, chat)
+            self.compaction = Compaction(s, self.inbox, watched)
             logger.info("compaction_watch_resumed_after_turn")
             return False
         # busy(turn) → busy(compacting, auto): auto compaction is silent (C11).
