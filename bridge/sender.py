@@ -129,7 +129,7 @@ class Sender:
                     # (a proxy, a newer Bot API, an emulator): record it, never send it again.
                     result = data.get("result")
                     message_id = result.get("message_id") if isinstance(result, dict) else None
-                    logger.warning("telegram_answer_undecodable_but_ok", chat_id=chat_id, error=exc.message)
+                    logger.warning("telegram_answer_undecodable_but_ok", chat_id=chat_id, error=undecodable(exc))
                     return (message_id if isinstance(message_id, int) else 0), chat_id
                 METRICS.telegram_retries.labels(reason="undecodable").inc()
                 delay = backoff.TELEGRAM.delay(attempt)
