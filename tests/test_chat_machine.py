@@ -558,6 +558,26 @@ async def test_a_database_corrupt_mid_run_stops_the_bridge_without_confirming_th
     assert tg.texts() == ["echo: hello"]
 
 
+async def test_a_file_of_unknown_size_is_held_to_the_cap_as_it_downloads(tmp_path: Path, tg: FakeTelegram,
+                                                                          fake_eve: FakeEve):
+    """Issue 11 (attachments): Telegram need not say a file's size (file_size is optional in the
+    update and in getFile). The cap holds on the bytes as they arrive: the download stops at it
+    and the turn says the file was not attached (before: read whole, sent whatever its size)."""
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_MAX_FILE_MB="1")
+    await h.start()
+    try:
+        tg.files["big"] = b"x" * (3 * 1024 * 1024 // 2)
+        tg.sizeless.add("big")
+        await tg.message(None, user_id=OWNER, extra={"caption": "look", "document": {
+            "file_id": "big", "file_unique_id": "big", "file_name": "big.bin", "mime_type": "application/octet-stream"}})
+        await h.settled()
+        assert tg.texts() == ["echo: look [big.bin: larger than the 1 MB limit, not attached]"]
+        sent = next(iter(fake_eve.sessions.values())).sends[0]["message"]
+        assert isinstance(sent, str)  # no file part went
+    finally:
+        await h.stop()
+
+
 async def test_an_ambiguous_send_is_looked_up_in_the_stream_not_sent_again(harness: Harness, tg: FakeTelegram,
                                                                           fake_eve: FakeEve):
     """F4: eve took the message and ran it, but the answer was a 502: the turn is found in eve's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,10 @@ __all__ = ["compose"]
 logger = log.get("bridge.chat.compose")
 
 
-async def compose(bot: Bot, items: Sequence[Queued]) -> str | list[dict[str, Any]]:
+async def compose(bot: Bot, items: Sequence[Queued], *, max_file_mb: int) -> str | list[dict[str, Any]]:
     """Several waiting messages go as one turn; in groups each says who wrote it; photos and
-    documents go as file parts (T8)."""
+    documents go as file parts (T8), each at most ``max_file_mb`` — enforced on the bytes as they
+    arrive, since Telegram does not always say a file's size (the turn's claim bounds their sum)."""
     texts: list[str] = []
     files: list[dict[str, Any]] = []
     for item in items:
@@ -29,11 +31,11 @@ async def compose(bot: Bot, items: Sequence[Queued]) -> str | list[dict[str, Any
             continue
         text = item.text
         if item.attachment is not None:
-            part = await _download(bot, item.attachment)
-            if part is not None:
+            part = await _download(bot, item.attachment, max_file_mb * 1024 * 1024)
+            if isinstance(part, dict):
                 files.append(part)
             else:
-                text = f"{text}\n[{item.attachment.name}: the file could not be fetched from Telegram]".strip()
+                text = f"{text}\n[{item.attachment.name}: {part}]".strip()
         if not item.private:
             text = f"{item.user_name or 'someone'}: {text}"
         if text:
@@ -44,20 +46,47 @@ async def compose(bot: Bot, items: Sequence[Queued]) -> str | list[dict[str, Any
     return [*([{"type": "text", "text": joined}] if joined else []), *files]
 
 
-async def _download(bot: Bot, attachment: Attachment) -> dict[str, Any] | None:
+class TooBig(Exception):
+    pass
+
+
+class _Capped(io.BytesIO):
+    """A download buffer that refuses to grow past ``cap`` bytes (the download stops there)."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__()
+        self.cap = cap
+
+    def write(self, data: Any) -> int:
+        if self.tell() + len(data) > self.cap:
+            raise TooBig
+        return super().write(data)
+
+
+async def _download(bot: Bot, attachment: Attachment, cap: int) -> dict[str, Any] | str:
+    """The file as a part for eve, or why it is not attached (a note in the turn's text)."""
+    limit = f"larger than the {cap // (1024 * 1024)} MB limit, not attached"
     try:
         file = await bot.get_file(attachment.file_id)
+        if file.file_size is not None and file.file_size > cap:
+            return limit
         path = file.file_path or ""
         if path.startswith("/"):
             # A local Bot API server (--local) answers with the file's absolute path on its disk
             # and serves no download URL for it: read it there.
-            data = await asyncio.to_thread(Path(path).read_bytes)
+            local = Path(path)
+            if (await asyncio.to_thread(local.stat)).st_size > cap:
+                return limit
+            data = await asyncio.to_thread(local.read_bytes)
         else:
-            buffer = await bot.download_file(path, timeout=60)
+            buffer = await bot.download_file(path, destination=_Capped(cap), timeout=60)
             if buffer is None:
-                return None
-            data = buffer.read()
+                return "the file could not be fetched from Telegram"
+            data = buffer.getvalue() if isinstance(buffer, io.BytesIO) else buffer.read()
+    except TooBig:
+        logger.warning("telegram_download_over_limit", name=attachment.name, limit_bytes=cap)
+        return limit
     except Exception as exc:  # a file we cannot fetch becomes a note in the text, not a lost turn
         logger.warning("telegram_download_failed", error=str(exc), name=attachment.name)
-        return None
+        return "the file could not be fetched from Telegram"
     return eve.file_part(data, attachment.mime, attachment.name)

@@ -10,7 +10,7 @@ import structlog
 import eve_client as eve
 
 from .. import log
-from ..payloads import Queued
+from ..payloads import Queued, QueuedMessage
 from .compose import compose
 from .services import Services
 
@@ -34,8 +34,11 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
         session = await _ensure_session(s, address, claim)
         context, marks = await _state_block(s, address, policy)
         try:
-            delivery = await s.eve.send(session, await compose(s.sender.bot, items), turn_policy=policy,
-                                        client_context=context)
+            if any(isinstance(i, QueuedMessage) and i.attachment is not None for i in items):
+                async with s.files:  # the files of at most FILE_TURNS turns in memory at once
+                    delivery = await _send(s, session, items, policy, context)
+            else:
+                delivery = await _send(s, session, items, policy, context)
         except GONE as exc:
             if attempt == 2 or policy == "steer":
                 raise Lost(str(exc)) from exc
@@ -47,6 +50,12 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
                                       steer_claim=steer_claim)
         return delivery
     raise AssertionError("unreachable")
+
+
+async def _send(s: Services, session: str, items: Sequence[Queued], policy: eve.TurnPolicy,
+                context: eve.ClientContext | None) -> eve.Delivery:
+    message = await compose(s.sender.bot, items, max_file_mb=s.settings.max_file_mb)
+    return await s.eve.send(session, message, turn_policy=policy, client_context=context)
 
 
 async def _ensure_session(s: Services, address: str, claim: str) -> str:

@@ -81,6 +81,15 @@ class CompactRequests:
         self._tasks.clear()
 
 
+TURN_FILES_MB = 50  # the declared size of a turn's files, at most (a file of unknown size counts as the cap)
+FILE_TURNS = 2  # turns with files composed and sent at once
+
+
+def files_budget(max_file_mb: int) -> int:
+    """Bytes of files one turn may carry: TURN_FILES_MB, or one file at the cap if that is more."""
+    return max(TURN_FILES_MB, max_file_mb) * 1024 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class Services:
     settings: Settings
@@ -95,6 +104,9 @@ class Services:
     rebuilder: Rebuilder | None = None
     window: ContextWindow = field(default_factory=ContextWindow)
     requests: CompactRequests = field(default_factory=CompactRequests)
+    # Turns whose files are in memory at once (each at most TURN_FILES_MB, about 3.5 copies while
+    # encoded and sent): the bridge's memory stays bounded however many albums arrive.
+    files: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(FILE_TURNS))
 
     def threshold(self) -> int:
         s = self.settings

@@ -180,9 +180,12 @@ class Transitions:
 
     # -- idle → busy(turn) ------------------------------------------------------------------
 
-    async def claim_turn(self, address: str, *, limit: int) -> Claim | None:
+    async def claim_turn(self, address: str, *, limit: int, files_budget: int | None = None,
+                         file_cap: int = 0) -> Claim | None:
         """idle|released → busy(turn) with the address's next messages; None when there is nothing
-        to claim or the chat is not free (busy, or a /new waits)."""
+        to claim or the chat is not free (busy, or a /new waits). With ``files_budget`` (bytes),
+        the turn takes messages while their files' declared sizes fit (one of unknown size counts
+        as ``file_cap``); the first always goes, the rest wait for the next turn."""
         async with self.store.db.transaction():
             chat = await self.store.chat(address)
             if chat is None or chat.busy or chat.reset_requested:
@@ -198,6 +201,17 @@ class Transitions:
                 messages, items = [m for m, _ in kept], [i for _, i in kept]
             if not messages:
                 return None
+            if files_budget is not None:
+                spent, cut = 0, len(messages)
+                for i, item in enumerate(items):
+                    if isinstance(item, QueuedMessage) and item.attachment is not None:
+                        spent += item.attachment.size or file_cap
+                        if spent > files_budget and i > 0:
+                            cut = i
+                            break
+                if cut < len(messages):
+                    await self.queue.nack([m.id for m in messages[cut:]], claim=claim)
+                    messages, items = messages[:cut], items[:cut]
             first = items[0]
             owner = isinstance(first, QueuedMessage) and first.owner
             fields: dict[str, Any] = {"owner_turn": owner}

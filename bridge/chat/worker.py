@@ -23,7 +23,7 @@ from ..metrics import METRICS
 from ..texts import t
 from .consumer import POKE
 from .recovery import drive, resume
-from .services import Services, Slot
+from .services import Services, Slot, files_budget
 
 __all__ = ["ChatWorker", "Scheduler"]
 
@@ -171,7 +171,9 @@ class ChatWorker:
         slot = Slot(self.slots)
         await slot.take()
         try:
-            claimed = await s.transitions.claim_turn(self.address, limit=s.settings.batch_size)
+            claimed = await s.transitions.claim_turn(self.address, limit=s.settings.batch_size,
+                                                     files_budget=files_budget(s.settings.max_file_mb),
+                                                     file_cap=s.settings.max_file_mb * 1024 * 1024)
             if claimed is None:
                 chat = await s.store.chat(self.address)
                 # Taken meanwhile (/compact, /new), or only stale button presses were taken off:

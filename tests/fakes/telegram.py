@@ -60,6 +60,7 @@ class FakeTelegram:
         self.unreadable: set[str] = set()  # file ids whose download fails (getFile still answers)
         self.local_files: dict[str, Any] = {}  # file id → Path, served as a local Bot API server does
         self.files: dict[str, bytes] = {}  # file_id → bytes, served by getFile and /file/
+        self.sizeless: set[str] = set()  # file ids whose getFile answer leaves out file_size (it is optional)
         self.storm: Any = None  # a random.Random when a fault storm is on
         self.storm_rate = 0.0
         self.storm_methods: set[str] = set()
@@ -348,6 +349,8 @@ class FakeTelegram:
                     "file_path": str(path)}
         if file_id not in self.files:
             return Fault(400, "Bad Request: invalid file_id")
+        if file_id in self.sizeless:
+            return {"file_id": file_id, "file_unique_id": file_id, "file_path": f"documents/{file_id}"}
         return {"file_id": file_id, "file_unique_id": file_id, "file_size": len(self.files[file_id]),
                 "file_path": f"documents/{file_id}"}
 

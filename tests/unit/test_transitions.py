@@ -383,3 +383,27 @@ async def test_a_gone_topic_fails_only_its_own_replies(tmp_path: Path) -> None:
         assert await tr.store.is_blocked("-100:5") and not await tr.store.is_blocked("-100:7")
     finally:
         await db.close()
+
+
+async def test_a_turn_takes_files_only_up_to_its_budget(tmp_path: Path) -> None:
+    """Issue 11 (attachments): a turn's files are bounded by their declared sizes — a file of
+    unknown size counts as the cap — so an album cannot put a gigabyte in memory; the first
+    message always goes, the rest wait (in order) for the next turns."""
+    from bridge.payloads import Attachment
+
+    db, tr = await _open(tmp_path)
+    mb = 1024 * 1024
+    try:
+        await tr.touch(A, 1, None, "en")
+        for n, size in enumerate((30 * mb, 15 * mb, None, 1 * mb), start=1):
+            msg = QueuedMessage(text=f"m{n}", message_id=n, user_id=1, user_name="Ann", owner=True, private=True,
+                                attachment=Attachment(file_id=f"f{n}", size=size, mime="image/jpeg", name=f"p{n}.jpg"))
+            await tr.queue.enqueue(A, msg.to_payload(), dedupe_key=f"tg:1:{n}")
+        turns = []
+        while (claimed := await tr.claim_turn(A, limit=10, files_budget=50 * mb, file_cap=20 * mb)) is not None:
+            turns.append([m.payload["text"] for m in claimed.messages])
+            await tr.fail_turn(A, claimed.claim)
+        # 30 + 15 fit; the unknown one counts 20: a new turn; 20 + 1 fit.
+        assert turns == [["m1", "m2"], ["m3", "m4"]]
+    finally:
+        await db.close()
