@@ -329,3 +329,40 @@ async def test_healthz_tells_when_replies_are_failing(tg, fake_eve, daemon_facto
     await d.settled(60)
     status, body = await asyncio.to_thread(get, "/healthz")
     assert status == 200 and json.loads(body)["oldest_pending_reply_s"] is None
+
+
+async def test_healthz_tells_of_a_chat_busy_without_progress(tg, fake_eve, daemon_factory):
+    """Issue 11: a busy chat that makes no progress for 1.5 × IVA_BUSY_TIMEOUT (here eve answers
+    every request of the turn with 500, so the busy timeout never gets to free it) makes /healthz
+    503 with overdue_chats and sets iva_overdue_chats; once the turn goes on, it is ok again."""
+    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_BUSY_TIMEOUT="1")
+    await d.start()
+
+    def get(path):
+        try:
+            with urllib.request.urlopen(d.api_url + path, timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    await tg.message("first", user_id=OWNER)
+    await tg.wait_texts(1)
+    await d.settled()
+    fake_eve.server_errors = 10_000
+    await tg.message("second", user_id=OWNER)
+    health: dict = {}
+    for _ in range(100):  # until /healthz reports the chat (at most ~20 s)
+        status, body = await asyncio.to_thread(get, "/healthz")
+        health = json.loads(body)
+        if status == 503 and health.get("overdue_chats"):
+            break
+        await asyncio.sleep(0.2)
+    assert health.get("overdue_chats") == 1 and not health["ok"], health
+    _, text = await asyncio.to_thread(get, "/metrics")
+    assert "iva_overdue_chats 1.0" in text
+    fake_eve.server_errors = 0
+    await tg.wait_texts(2, timeout=60)
+    assert tg.texts() == ["echo: first", "echo: second"]
+    await d.settled(60)
+    status, body = await asyncio.to_thread(get, "/healthz")
+    assert status == 200 and json.loads(body)["overdue_chats"] == 0

@@ -88,7 +88,8 @@ async def drive(s: Services, inbox: asyncio.Queue[object], address: str, claim: 
         # the cursor and sends again only if eve never started the turn (F4). While eve itself
         # is up, the failure is counted: a message eve always fails on is sent a bounded number
         # of times (F6); an outage is waited out, never counted (R6).
-        if await _eve_is_up(s):
+        chat = await s.store.chat(address)
+        if chat is not None and chat.eve_session and await _eve_is_up(s):  # the send's failure, not the session's
             await s.queue.count_failure([m.id for m in messages], claim=claim)
         raise
     except Lost as exc:
