@@ -9,6 +9,7 @@ back to plain text for that chunk; a blocked bot or a vanished chat raises :clas
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 
 from aiogram import Bot
@@ -74,6 +75,8 @@ class Sender:
         self.bot = bot
         self.store = store
         self._unrecorded: dict[int, tuple[int, list[int]]] = {}  # outbox id → parts Telegram has
+        self.started = time.time()
+        self._labelled: set[int] = set()
 
     async def deliver(self, out: Outgoing) -> None:
         """Send one outbox row to the end, recording progress; raises ChatGone.
@@ -86,6 +89,12 @@ class Sender:
                         key=lambda progress: progress[0])
         ids = list(ids)
         chat_id = out.chat_id
+        if out.created_at < self.started and out.id not in self._labelled:
+            # Pending when the last process ended: if it died between Telegram's answer and the
+            # record, this part goes twice — the one duplicate window, labelled, never silent.
+            self._labelled.add(out.id)
+            logger.warning("reply_sent_after_restart", outbox=out.id, key=out.key, parts_recorded=sent,
+                           may_repeat=True)
         for number, chunk in enumerate(chunks):
             if number < sent:
                 continue

@@ -262,6 +262,7 @@ class Outgoing:
     chunks_sent: int
     message_ids: tuple[int, ...]
     markup: Any = None  # inline keyboard rows: [[{"text", "callback_data"}]]
+    created_at: float = 0.0
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Outgoing:
@@ -277,6 +278,7 @@ class Outgoing:
             chunks_sent=row["chunks_sent"],
             message_ids=tuple(json.loads(row["message_ids"])),
             markup=json.loads(row["markup"]) if row["markup"] else None,
+            created_at=row["created_at"],
         )
 
 
