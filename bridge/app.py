@@ -23,7 +23,7 @@ from aiogram.types import BotCommand, User
 
 import eve_client as eve
 
-from . import backoff, log, systemd
+from . import backoff, log, retention, systemd
 from .chat.services import ContextWindow, Services
 from .chat.worker import Scheduler
 from .commands import Commands
@@ -154,6 +154,7 @@ class Bridge:
             requeued = await services.transitions.repair_at_start()
             structlog.contextvars.clear_contextvars()
             logger.info("bridge_starting", bot=me.username, policy=s.turn_policy, state=str(s.db_path),
+                        retention_days=s.retention_days,
                         requeued=requeued)
             scheduler = Scheduler(services)
             stack.push_async_callback(scheduler.close)
@@ -187,6 +188,8 @@ class Bridge:
                     group.create_task(ingest.run(), name="ingest")
                     group.create_task(self._watchdog(ingest), name="watchdog")
                     group.create_task(self._stop_watcher(), name="stop")
+                    if s.retention_days is not None:  # F7: at once, then hourly, in small batches
+                        group.create_task(retention.run(queue, store, days=s.retention_days), name="retention")
             except* _Shutdown:
                 pass
             except* StateCorrupt as group:

@@ -24,6 +24,7 @@ DEFAULT_MAX_TURNS = 16
 DEFAULT_BATCH = 10
 DEFAULT_API_LISTEN = "127.0.0.1:8787"
 DEFAULT_MAX_FILE_MB = 20  # the Bot API's getFile limit
+DEFAULT_RETENTION_DAYS = 14
 
 _TOKEN = re.compile(r"^\d{3,}:[A-Za-z0-9_-]{20,}$")
 
@@ -80,6 +81,7 @@ class Settings:
     max_turns: int = DEFAULT_MAX_TURNS
     batch_size: int = DEFAULT_BATCH
     max_file_mb: int = DEFAULT_MAX_FILE_MB
+    retention_days: int | None = DEFAULT_RETENTION_DAYS  # F7; None: nothing is pruned
     log_level: str = "info"
     notes_enabled: bool = True
     notes_connection: str = "notebook"
@@ -129,6 +131,25 @@ class Settings:
             if value < low:
                 problems.append(f"{name}={value} must be at least {low}")
                 return default
+            return value
+
+        def retention(name: str) -> int | None:
+            """F7: whole days, at least 1 (Telegram keeps an unconfirmed update for 24 h, so an
+            update's dedupe mark must outlive that); 0 or "off" keeps everything."""
+            raw = get(name)
+            if raw is None:
+                return DEFAULT_RETENTION_DAYS
+            if raw.lower() in ("0", "off"):
+                return None
+            try:
+                value = int(raw.replace("_", ""))
+            except ValueError:
+                problems.append(f"{name}={raw!r} is not a whole number of days (or 0/off: keep everything)")
+                return DEFAULT_RETENTION_DAYS
+            if value < 1:
+                problems.append(f"{name}={value} must be at least 1 (a day: Telegram redelivers an update for up "
+                                "to 24 h and its dedupe mark must outlive that), or 0/off to keep everything")
+                return DEFAULT_RETENTION_DAYS
             return value
 
         def ids(name: str) -> frozenset[int]:
@@ -220,6 +241,7 @@ class Settings:
             max_turns=integer("IVA_MAX_TURNS", DEFAULT_MAX_TURNS, low=1, high=10_000),
             batch_size=integer("IVA_BATCH", DEFAULT_BATCH, low=1, high=100),
             max_file_mb=integer("IVA_MAX_FILE_MB", DEFAULT_MAX_FILE_MB, low=1, high=2000),
+            retention_days=retention("IVA_RETENTION_DAYS"),
         )
         if problems:
             raise ConfigError(problems)

@@ -7,6 +7,7 @@ rows it claims or acknowledges.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import json
@@ -468,6 +469,56 @@ class Store:
             await self.db.execute(
                 "UPDATE prompts SET state = 'closed' WHERE session = ? AND request_id = ?", (session, request_id)
             )
+
+    # -- retention (F7) -----------------------------------------------------------------------
+
+    async def busy_claims(self) -> list[str]:
+        """The claims of the busy periods now running: their queue rows are not history yet."""
+        rows = await self.db.fetchall("SELECT claim FROM chats WHERE status = 'busy' AND claim IS NOT NULL")
+        return [str(r["claim"]) for r in rows]
+
+    async def prune_outbox(self, *, before: float, limit: int) -> int:
+        """Delete at most ``limit`` sent or failed outbox rows finished before ``before``, lowest id
+        first. A pending row is never touched, nor any row written during a busy period that is
+        still running (its turn may still read it)."""
+        return await self.db.execute(
+            "DELETE FROM outbox WHERE id IN (SELECT o.id FROM outbox o WHERE o.state != 'pending' "
+            "AND coalesce(o.sent_at, o.created_at) < ? AND NOT EXISTS (SELECT 1 FROM chats c "
+            "WHERE c.address = o.address AND c.status = 'busy' AND o.created_at >= coalesce(c.busy_since, 0)) "
+            "ORDER BY o.id LIMIT ?)",
+            (before, limit),
+        )
+
+    async def prune_prompts(self, *, before: float, limit: int) -> int:
+        """Delete at most ``limit`` closed prompts asked before ``before``, lowest id first. An open
+        prompt is never touched, nor any prompt of a session a busy chat is in. A press on a
+        deleted prompt's button is answered "This question is closed", as on a closed one."""
+        return await self.db.execute(
+            "DELETE FROM prompts WHERE id IN (SELECT p.id FROM prompts p WHERE p.state != 'open' "
+            "AND p.created_at < ? AND NOT EXISTS (SELECT 1 FROM chats c WHERE c.status = 'busy' "
+            "AND c.eve_session = p.session) ORDER BY p.id LIMIT ?)",
+            (before, limit),
+        )
+
+    async def give_back_free_pages(self, batch: int) -> int:
+        """With ``auto_vacuum=INCREMENTAL`` only: hand the free pages back to the file system,
+        ``batch`` at a time (never a whole-file VACUUM); returns how many. 0 for any other file."""
+        mode = await self.db.fetchone("PRAGMA auto_vacuum")
+        if mode is None or int(mode[0]) != 2:
+            return 0
+        freed, free = 0, await self._free_pages()
+        while free:
+            await self.db.fetchall(f"PRAGMA incremental_vacuum({min(free, batch)})")  # stepped to the end
+            left = await self._free_pages()
+            if left >= free:
+                break
+            freed, free = freed + free - left, left
+            await asyncio.sleep(0)
+        return freed
+
+    async def _free_pages(self) -> int:
+        row = await self.db.fetchone("PRAGMA freelist_count")
+        return int(row[0]) if row else 0
 
     # -- spend ------------------------------------------------------------------------------
 

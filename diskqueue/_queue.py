@@ -234,12 +234,18 @@ class DiskQueue:
         )
         return [r["address"] for r in rows]
 
-    async def prune(self, *, older_than: float) -> int:
-        """Delete DONE/DROPPED rows finished more than ``older_than`` seconds ago.
+    async def prune(self, *, before: float, limit: int = 500, keep_claims: Sequence[str] = ()) -> int:
+        """Delete at most ``limit`` DONE/DROPPED rows finished before ``before`` (a ``time.time()``),
+        lowest id first, except rows under one of ``keep_claims``; returns how many. QUEUED and
+        INFLIGHT rows are never touched.
 
-        Their dedupe keys go with them, so keep this well above how long a redelivery can take.
+        Their dedupe keys go with them, so keep ``before`` further back than any redelivery can
+        come. One call is one statement: the caller bounds its transaction with ``limit``.
         """
+        keep = sorted(set(keep_claims))
+        spared = f" AND (claim IS NULL OR claim NOT IN ({','.join('?' * len(keep))}))" if keep else ""
         return await self.db.execute(
-            "DELETE FROM diskqueue_messages WHERE state IN (?, ?) AND finished_at < ?",
-            (State.DONE, State.DROPPED, time.time() - older_than),
+            "DELETE FROM diskqueue_messages WHERE id IN (SELECT id FROM diskqueue_messages "
+            f"WHERE state IN (?, ?) AND finished_at < ?{spared} ORDER BY id LIMIT ?)",
+            (State.DONE, State.DROPPED, before, *keep, limit),
         )
