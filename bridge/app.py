@@ -99,6 +99,7 @@ class Bridge:
         for lang in ("en", "ru"):
             commands = [
                 BotCommand(command="new", description=t("cmd_new", lang)),
+                BotCommand(command="stop", description=t("cmd_stop", lang)),
                 BotCommand(command="compact", description=t("cmd_compact", lang)),
                 BotCommand(command="status", description=t("cmd_status", lang)),
                 *([BotCommand(command="notes", description=t("cmd_notes", lang))] if self.settings.notes_enabled else []),

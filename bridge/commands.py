@@ -1,4 +1,4 @@
-"""The bot's commands: /new, /compact, /status, /notes, /start, /help (M1-M8, N9).
+"""The bot's commands: /new, /compact, /stop, /status, /notes, /start, /help (M1-M8, N9, L*).
 
 Ingest hands a command here after deciding who may talk; each command commits its dedupe mark
 (and its transition, for /new and /compact) before it answers, so a redelivered update does
@@ -17,7 +17,7 @@ from . import log
 from .addressing import Address
 from .chat.services import Services
 from .chat.transitions import ChatState, state_of
-from .payloads import Kind
+from .payloads import Kind, QueuedMessage, decode
 from .texts import number, t
 
 if TYPE_CHECKING:
@@ -42,6 +42,8 @@ class Commands:
             return await self.notes(message, address, lang, key, args)
         if command == "new":
             return await self.new(message, address, lang, key)
+        if command == "stop":
+            return await self.stop(message, address, lang, key)
         s, addr = self.s, str(address)
         owner = message.from_user is not None and message.from_user.id in s.settings.owner_ids
         text = await self.status_text(addr, lang, owner=owner) if command == "status" else t(command, lang)
@@ -66,6 +68,40 @@ class Commands:
         logger.info("new_requested", dropped=dropped)
         self.scheduler.wake(addr)
         return "command"
+
+    # -- /stop ------------------------------------------------------------------------------
+
+    async def stop(self, message: Message, address: Address, lang: str, key: str) -> str:
+        """L*: stop the running turn (cancelled in eve, the conversation kept) or compaction (as
+        C4). In a group only an owner or a person whose message the turn answers may; the
+        command never reaches eve as text."""
+        addr, s = str(address), self.s
+        user = message.from_user.id if message.from_user is not None else 0
+        stopped = None
+        async with s.store.db.transaction():
+            if not await s.queue.remember(addr, {"kind": "command", "command": "stop"}, dedupe_key=key):
+                return "duplicate"
+            chat = await s.store.chat(addr)
+            if chat is None or not chat.busy:
+                text = t("stop_nothing", lang)
+            elif not (message.chat.type == "private" or user in s.settings.owner_ids
+                      or (chat.kind is Kind.TURN and user in await self._askers(addr))):
+                text = t("stop_not_yours", lang)
+            else:
+                stopped = await s.transitions.want_stop(addr)
+                text = t("stop_compaction" if chat.kind is Kind.COMPACT else "stop_done", lang)
+            await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
+                                  reply_to=message.message_id)
+        logger.info("stop_asked", stopped=stopped is not None, user_id=user)
+        s.spawn(s.outbox.flush(addr))
+        if stopped is not None:
+            self.scheduler.wake(addr)
+        return "command"
+
+    async def _askers(self, address: str) -> set[int]:
+        """The people whose messages the running turn answers."""
+        return {m.user_id for m in (decode(r.payload) for r in await self.s.queue.inflight(address))
+                if isinstance(m, QueuedMessage)}
 
     # -- /compact ---------------------------------------------------------------------------
 
@@ -128,7 +164,7 @@ class Commands:
                 session = chat.eve_session if owner else t("status_session_active", lang)
             if chat.busy and chat.busy_since:
                 key = "status_compacting" if state_of(chat) is ChatState.COMPACTING else "status_busy"
-                state = t(key, lang, seconds=int(time.time() - chat.busy_since))
+                state = t(key, lang, seconds=int(time.time() - chat.busy_since)) + " " + t("status_stop_hint", lang)
             else:
                 state = t("status_idle", lang)
             measure = number(chat.measurement) if chat.measurement is not None else t("status_unknown", lang)

@@ -66,6 +66,7 @@ class Settings:
     owner_ids: frozenset[int] = frozenset()
     allowed_user_ids: frozenset[int] = frozenset()
     turn_policy: Literal["queue", "immediate"] = "queue"
+    streaming: Literal["draft", "off"] = "draft"
     context_window: int | None = None
     compact_percent: int = DEFAULT_COMPACT_PERCENT
     compact_ceiling: int = DEFAULT_COMPACT_CEILING
@@ -188,6 +189,10 @@ class Settings:
             problems.append("IVA_OWNER_IDS is required: the Telegram user ids of the bot's owners")
         allowed = ids("IVA_ALLOWED_USER_IDS")
 
+        streaming = (get("IVA_STREAMING") or "draft").lower()
+        if streaming not in ("draft", "off"):
+            problems.append(f"IVA_STREAMING={streaming!r} must be 'draft' or 'off'")
+            streaming = "draft"
         policy = (get("IVA_TURN_POLICY") or "queue").lower()
         if policy not in ("queue", "immediate"):
             problems.append(f"IVA_TURN_POLICY={policy!r} must be 'queue' or 'immediate'")
@@ -255,6 +260,7 @@ class Settings:
             owner_ids=owners,
             allowed_user_ids=allowed,
             turn_policy=policy,  # type: ignore[arg-type]
+            streaming=streaming,  # type: ignore[arg-type]
             lang=lang,  # type: ignore[arg-type]
             api_listen=listen,
             api_token=api_token,

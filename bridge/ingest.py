@@ -25,7 +25,7 @@ from aiogram.exceptions import (
 from aiogram.types import CallbackQuery, Message, Update, User
 
 from . import backoff, log
-from .addressing import classify
+from .addressing import Address, classify
 from .chat.services import Services
 from .chat.worker import Scheduler
 from .commands import Commands
@@ -40,7 +40,7 @@ logger = log.get("bridge.ingest")
 
 POLL_TIMEOUT = 25
 EMPTY_POLL_FLOOR = 0.5  # seconds between two empty answers to a long poll, at least
-ALLOWED_UPDATES = ["message", "callback_query", "my_chat_member"]
+ALLOWED_UPDATES = ["message", "callback_query", "my_chat_member", "stopped_message_generation"]
 RECEIPT_QUEUED = "👀"
 RECEIPT_STEERED = "⚡"
 
@@ -176,6 +176,8 @@ class Ingest:
             return await self.on_message(update.message)
         if update.callback_query is not None:
             return await self.on_callback(update.callback_query)
+        if update.stopped_message_generation is not None:
+            return await self.on_stop_button(update)
         if update.my_chat_member is not None:
             member = update.my_chat_member
             if member.new_chat_member.status in ("kicked", "left"):
@@ -189,6 +191,26 @@ class Ingest:
                 logger.info("bot_removed_from_chat", chat_id=member.chat.id)
             return "member"
         return "ignored"
+
+    async def on_stop_button(self, update: Update) -> str:
+        """L*: the stop button of a live draft (private chats only, so the person whose answer it
+        is): the running turn is stopped like /stop, durably; the partial answer stays, marked."""
+        stopped = update.stopped_message_generation
+        assert stopped is not None
+        if stopped.chat.type != "private" or not self.settings.may_talk(stopped.chat.id):
+            return "ignored"
+        address = Address(stopped.chat.id, stopped.message_thread_id)
+        if await self.store.chat(str(address)) is None:
+            address = Address(stopped.chat.id)
+        async with self.store.db.transaction():
+            if not await self.queue.remember(str(address), {"kind": "stop"},
+                                             dedupe_key=f"stop:{update.update_id}"):
+                return "duplicate"
+            chat = await self.transitions.want_stop(str(address))
+        logger.info("stop_button", draft_id=stopped.draft_id, stopped=chat is not None)
+        if chat is not None:
+            self.wake(str(address))
+        return "stop"
 
     async def on_callback(self, query: CallbackQuery) -> str:
         """T5: a pressed option button becomes an inputResponse for the waiting turn — only in the
@@ -249,7 +271,7 @@ class Ingest:
             return "stranger"
         lang = pick_lang(user.language_code, self.settings.lang)
         key = f"tg:{message.chat.id}:{message.message_id}"
-        if inbound.command in ("compact", "notes", "start", "help", "status", "new"):
+        if inbound.command in ("compact", "notes", "start", "help", "status", "new", "stop"):
             return await self.commands.handle(inbound.command, message, address, lang, key, inbound.command_args)
         attachment = self._attachment(message)
         limit = self.settings.max_file_mb

@@ -16,6 +16,9 @@ class _Metrics:
         self.telegram_sent = Counter("iva_telegram_messages_sent", "Messages sent to Telegram", registry=r)
         self.telegram_retries = Counter("iva_telegram_retries", "Telegram send retries", ["reason"], registry=r)
         self.eve_errors = Counter("iva_eve_errors", "eve errors seen, by kind", ["kind"], registry=r)
+        self.draft_frames = Counter("iva_draft_frames", "Live draft frames sent (sendMessageDraft)", registry=r)
+        self.stops = Counter("iva_stops", "Stops asked for (the draft's button, /stop), by what ran", ["kind"],
+                             registry=r)
         self.malformed = Counter("iva_eve_malformed_lines", "Malformed eve stream lines skipped", registry=r)
         self.compactions = Counter("iva_compactions", "Compactions, by origin and outcome", ["origin", "outcome"],
                                    registry=r)

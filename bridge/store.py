@@ -23,7 +23,7 @@ from .payloads import Kind, Origin
 __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "Outgoing",
            "Store"]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -159,6 +159,11 @@ _MIGRATIONS: dict[int, str] = {
     ALTER TABLE prompts ADD COLUMN chat_id INTEGER;
     ALTER TABLE prompts ADD COLUMN askers TEXT NOT NULL DEFAULT '[]'
     """,
+    # L*: a stop asked for (the draft's stop button, /stop) — durable, so a restart right after
+    # it cancels again instead of resuming the turn's output.
+    7: """
+    ALTER TABLE chats ADD COLUMN stop_wanted INTEGER NOT NULL DEFAULT 0
+    """,
 }
 
 
@@ -225,6 +230,7 @@ class Chat:
     compact_reply_to: int | None = None
     compact_lang: str | None = None
     after_report: bool = False
+    stop_wanted: bool = False
 
     @property
     def busy(self) -> bool:
@@ -292,7 +298,7 @@ _CHAT_COLUMNS = frozenset(
         "after_pending", "last_after", "compact_failures", "compact_retry_at", "compactions",
         "waiting_input", "notes_mode", "notes_nudged_upto", "wrap_nudged_upto", "notes_version",
         "notes_rebuild_failed", "owner_turn", "compact_phase", "compact_cancel", "compact_reply_to",
-        "compact_lang", "after_report",
+        "compact_lang", "after_report", "stop_wanted",
     }
 )
 

@@ -26,6 +26,7 @@ _TEXTS: dict[str, dict[Lang, str]] = {
             "Write as you would to a person. While I'm answering, new messages wait their turn "
             "(👀 means: received, in the queue).\n\n"
             "/new — start a new conversation\n"
+            "/stop — stop the answer being written (the ■ button on it does the same)\n"
             "/compact — compact a long conversation now (I also do it by myself between answers)\n"
             "/status — the conversation's state\n"
             "/notes — the notebook I keep for myself in this chat (owner only)\n"
@@ -35,6 +36,7 @@ _TEXTS: dict[str, dict[Lang, str]] = {
             "Пишите, как написали бы человеку. Пока я отвечаю, новые сообщения ждут очереди "
             "(👀 значит: получено, в очереди).\n\n"
             "/new — начать новый разговор\n"
+            "/stop — остановить ответ, который я пишу (кнопка ■ на нём делает то же)\n"
             "/compact — сжать длинный разговор сейчас (между ответами я делаю это и сам)\n"
             "/status — состояние разговора\n"
             "/notes — блокнот, который я веду для себя в этом чате (только владельцу)\n"
@@ -81,6 +83,16 @@ _TEXTS: dict[str, dict[Lang, str]] = {
     },
     "cmd_status": {"en": "State of the conversation", "ru": "Состояние разговора"},
     "cmd_help": {"en": "What this bot can do", "ru": "Что умеет бот"},
+    "cmd_stop": {"en": "Stop the answer being written", "ru": "Остановить ответ"},
+    "stop_done": {"en": "Stopped. Send your next message when you are ready.",
+                  "ru": "Остановлено. Пишите, когда будете готовы."},
+    "stop_compaction": {"en": "Stopped the compaction; the conversation stays as it was.",
+                        "ru": "Сжатие остановлено; разговор остался как был."},
+    "stop_nothing": {"en": "Nothing is running right now.", "ru": "Сейчас ничего не выполняется."},
+    "stop_not_yours": {"en": "Only the person I'm answering (or an owner) can stop this.",
+                       "ru": "Остановить может только тот, кому я отвечаю (или владелец)."},
+    "stopped_mark": {"en": "⏹ stopped", "ru": "⏹ остановлено"},
+    "status_stop_hint": {"en": "/stop stops it.", "ru": "/stop — остановить."},
     "new_done": {
         "en": "New conversation started.",
         "ru": "Начат новый разговор.",

@@ -16,6 +16,7 @@ from ._errors import (
     SessionStranded,
 )
 from ._events import (
+    ActionInputAppended,
     ActionResult,
     ActionsRequested,
     CompactionCompleted,
@@ -50,6 +51,7 @@ from ._retry import RetryPolicy
 
 __all__ = [
     "Accepted",
+    "ActionInputAppended",
     "ActionResult",
     "ActionsRequested",
     "AgentInfo",

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
+    "ActionInputAppended",
     "ActionResult",
     "ActionsRequested",
     "CompactionCompleted",
@@ -167,8 +168,26 @@ class StepFailed(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class ActionInputAppended(Event):
+    """The model is writing a tool call's input: the first sign of a tool at work."""
+
+    TYPE: ClassVar[str] = "action.input.appended"
+
+    @property
+    def tool_name(self) -> str:
+        return _text(self.data, "toolName")
+
+
+@dataclass(frozen=True, slots=True)
 class ActionsRequested(Event):
     TYPE: ClassVar[str] = "actions.requested"
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        raw = self.data.get("actions")
+        if not isinstance(raw, list):
+            return ()
+        return tuple(a["toolName"] for a in raw if isinstance(a, Mapping) and isinstance(a.get("toolName"), str))
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,6 +358,7 @@ _TYPES: dict[str, type[Event]] = {
         MessageCompleted,
         StepCompleted,
         StepFailed,
+        ActionInputAppended,
         ActionsRequested,
         ActionResult,
         TurnCompleted,

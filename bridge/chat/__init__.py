@@ -21,14 +21,14 @@
 Inside a state, transitions that move no arrow: ``session_opened``, ``session_dropped``,
 ``delivered``, ``advance``, ``waiting_on_person``, ``in_turn_compacted``, ``turn_shared`` (a turn);
 ``compact_posted``, ``compact_accepted``, ``want_cancel``, ``cancel_sent``, ``notify_compacting``
-(a compaction); ``touch``, ``mark_blocked``, ``bot_removed`` (any state); ``repair_at_start``
+(a compaction); ``want_stop`` (a turn or a compaction: the stop button, /stop); ``touch``, ``mark_blocked``, ``bot_removed`` (any state); ``repair_at_start``
 (before any worker runs: in-flight messages of free chats back to the queue, released watches
 ended).
 
 The record (:class:`bridge.store.Chat`) is the one source of truth: status, kind, origin, eve
 session, cursor, claim, deliveries, the compaction phase (``compact_phase``: wanted, posted,
 accepted, released; ``compact_cancel``: wanted, sent) and the marks (reset mark, /new
-requested, C3 notice sent, C8 disabled, waiting on the person). Only :mod:`.transitions` writes
+requested, C3 notice sent, C8 disabled, waiting on the person, stop asked for). Only :mod:`.transitions` writes
 them, one named transition per transaction, its precondition checked inside.
 
 Modules, in import order (each imports only those below it):
@@ -36,7 +36,9 @@ Modules, in import order (each imports only those below it):
 * :mod:`.worker` — the scheduler and one task per address: claim, drive, /new;
 * :mod:`.recovery` — a busy record with no consumer (a restart, a captured /compact) resumed
   from its cursor; sending a claimed turn;
-* :mod:`.consumer` — the busy period on eve's stream: turn events, steering, prompts, parking;
+* :mod:`.consumer` — the busy period on eve's stream: turn events, steering, prompts, parking,
+  the live draft and the stop;
+* :mod:`.live` — the live draft of a private chat (L*): throttled frames, the progress line;
 * :mod:`.compaction` — the compaction phase: request, ack window, cancel (C4), finish (C7);
 * :mod:`.endings` — lose (R2, R3) and fail, with what the person hears;
 * :mod:`.delivery` and :mod:`.compose` — a turn's messages to eve;

@@ -32,6 +32,7 @@ from ..texts import number, t
 from .compaction import Answer, Compaction
 from .delivery import GONE, Lost, send
 from .endings import lose
+from .live import Draft, progress_line
 from .services import Services, Slot
 from .transitions import Superseded
 
@@ -79,6 +80,13 @@ class BusyPeriod:
         # outside a turn, the person hears the C3 notice and the turn's end need not watch for it.
         self.outstanding = chat.kind is Kind.TURN and chat.compact_phase is CompactPhase.RELEASED
         self.announced = False
+        # L*: the live draft (private chats), the text block being written, and the stop.
+        self.draft: Draft | None = None
+        self.block = ""
+        self.draft_id = 0
+        self.turn_id: str | None = None
+        self.stopping = chat.stop_wanted
+        self.stopped_shown = False
         self.usage = [0, 0, 0, 0]  # steps, input, output, cache read: spend not yet committed
 
     async def _commit_spend(self) -> None:
@@ -97,11 +105,15 @@ class BusyPeriod:
             self.typing = Typing(self.s.sender.bot, self.chat.chat_id, self.chat.thread_id,
                                  ttl=self.s.settings.busy_timeout)
             self.typing.start()
+            if self.s.settings.streaming == "draft" and self.chat.chat_id > 0:  # drafts: private chats only
+                self.draft = Draft(self.s.sender.bot, self.chat.chat_id, self.chat.thread_id)
         reader = asyncio.create_task(self._reader(), name=f"stream:{self.address}")
         started = time.monotonic()
         try:
             if self.compaction is not None and self.compaction.phase is CompactPhase.WANTED:
                 await self.compaction.post()
+            if self.stopping:
+                await self._stop()  # asked for before a restart: a stop is durable
             await self._loop()
         except Superseded as exc:
             # The record moved on without us (a /new retired the period): nothing more to do here.
@@ -109,6 +121,8 @@ class BusyPeriod:
         finally:
             if self.typing is not None:
                 await self.typing.stop()
+            if self.draft is not None:
+                await self.draft.close()
             reader.cancel()
             # Wait for the reader without taking its cancellation for ours: a consumer cancelled
             # here (shutdown) must still end, not swallow the CancelledError and go on.
@@ -217,17 +231,33 @@ class BusyPeriod:
         s, chat, tr = self.s, self.chat, self.s.transitions
         claim = self._owned()
         match event:
-            case eve.MessageCompleted() if event.message.strip():
-                async with s.store.db.transaction():
-                    await s.store.put_outgoing(self.address, event.id, chat.chat_id, chat.thread_id, event.message)
-                    await tr.advance(self.address, claim, self.cursor)
-                    await self._commit_spend()
-                if self.typing is not None and event.finish_reason == "stop":
-                    await self.typing.stop()  # never after the final send (LESSONS #12)
-                await s.outbox.flush(self.address)
+            case eve.MessageAppended():
+                self.block += event.delta
+                self._show(event.index, self.block)
+            case eve.ActionInputAppended() | eve.ActionsRequested() if not self.block.strip():
+                tools = [event.tool_name] if isinstance(event, eve.ActionInputAppended) else event.tool_names
+                if tools and tools[0]:
+                    self._show(event.index, progress_line(tools[0], chat.lang))
+            case eve.MessageCompleted():
+                text, self.block, self.draft_id = event.message, "", 0
+                if self.draft is not None:
+                    await self.draft.settle()  # no frame may land after the final message
+                if text.strip() and not (self.stopping and self.stopped_shown):
+                    if self.stopping:  # written before the stop reached eve: readable, marked
+                        text, self.stopped_shown = f"{text}\n\n{t('stopped_mark', chat.lang)}", True
+                    async with s.store.db.transaction():
+                        await s.store.put_outgoing(self.address, event.id, chat.chat_id, chat.thread_id, text)
+                        await tr.advance(self.address, claim, self.cursor)
+                        await self._commit_spend()
+                    if self.typing is not None and event.finish_reason == "stop":
+                        await self.typing.stop()  # never after the final send (LESSONS #12)
+                    await s.outbox.flush(self.address)
             case eve.TurnStarted() | eve.StepStarted():
-                self.in_turn = self.in_turn or isinstance(event, eve.TurnStarted)
-                if self.typing is not None:
+                if isinstance(event, eve.TurnStarted):
+                    self.in_turn, self.turn_id = True, event.turn_id or self.turn_id
+                    if self.stopping:
+                        await self._stop()  # stopped before eve began it: cancel it by its id now
+                if self.typing is not None and not self.stopping:
                     self.typing.start()
             case eve.StepCompleted():
                 usage = event.usage
@@ -279,6 +309,17 @@ class BusyPeriod:
                 await self.slot.retake()
         if event.terminal:
             self.in_turn = False
+            if self.stopping and self.block.strip() and not self.stopped_shown:
+                # L*: what was written before the stop stays readable, marked as stopped.
+                if self.draft is not None:
+                    await self.draft.settle()
+                async with s.store.db.transaction():
+                    await s.store.put_outgoing(self.address, f"stopped:{event.id}", chat.chat_id, chat.thread_id,
+                                               f"{self.block}\n\n{t('stopped_mark', chat.lang)}")
+                    await tr.advance(self.address, claim, self.cursor)
+                self.stopped_shown = True
+                await s.outbox.flush(self.address)
+            self.block, self.draft_id = "", 0
             if self.prompted:
                 await s.store.close_prompts(self.session)
             self.turn_ended = True
@@ -331,6 +372,9 @@ class BusyPeriod:
         if self.typing is not None:
             await self.typing.stop()
             self.typing = None
+        if self.draft is not None:
+            await self.draft.close()
+            self.draft = None
         current = await s.store.chat(self.address)
         assert current is not None
         self.claim = parked.compaction_claim
@@ -346,6 +390,10 @@ class BusyPeriod:
         assert chat is not None
         if chat.reset_requested:
             return True  # /new: the worker resets (eve's reset cancels a turn or a compaction)
+        if chat.stop_wanted and not self.stopping:
+            self.stopping = True
+            await self._stop()
+            return False
         c = self.compaction
         if c is not None:
             if c.released:
@@ -356,9 +404,41 @@ class BusyPeriod:
             if self.s.settings.turn_policy == "immediate" and await self.s.queue.depth(self.address):
                 await c.interrupt()  # C4
             return False
+        if self.stopping:
+            return False  # what arrives after a stop waits for the next turn, never joins this one
         if chat.kind is Kind.TURN and (self.waiting_input or self.s.settings.turn_policy == "immediate"):
             return await self._steer(chat)
         return False
+
+    def _show(self, index: int, text: str) -> None:
+        """The live draft shows ``text`` (one draft id per text block, from its first event)."""
+        if self.draft is None or self.stopping:
+            return
+        if not self.draft_id:
+            self.draft_id = index + 1  # non-zero, and the same when a restart replays the block
+        self.draft.show(self.draft_id, text)
+
+    async def _stop(self) -> None:
+        """L*: the person asked to stop (the draft's button, /stop; durable on the record). A turn
+        is cancelled in eve by its id (the conversation stays); a compaction as under C4."""
+        self.stopping = True
+        if self.draft is not None:
+            await self.draft.settle()
+        if self.typing is not None:
+            await self.typing.stop()
+        c = self.compaction
+        if c is not None:
+            METRICS.stops.labels(kind="compaction").inc()
+            await c.interrupt()
+            return
+        METRICS.stops.labels(kind="turn").inc()
+        try:
+            result = await self.s.eve.cancel(self.session, turn_id=self.turn_id)
+        except eve.EveError as exc:
+            # The mark stays: the next look (turn.started, a poke, a restart) cancels again.
+            logger.warning("eve_cancel_failed", error=str(exc))
+            return
+        logger.info("turn_stop_sent", turn=self.turn_id, status=result.status)
 
     async def _show_prompts(self, event: eve.InputRequested, claim: str) -> None:
         """T5: each question or approval as a message with its options as inline buttons."""

@@ -49,6 +49,11 @@ async def resume(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
             # has answered these messages with a server error as often as we try (F6): then
             # the person is told and the chat moves on, instead of one message blocking it.
             inflight = await s.queue.inflight(chat.address)
+            if chat.stop_wanted:
+                # Stopped before eve ever had it (a restart in between): it is not sent at all.
+                await s.transitions.fail_turn(chat.address, chat.claim)
+                logger.info("stopped_before_sent", messages=[m.id for m in inflight])
+                return
             tried = max((m.attempts for m in inflight if m.claim == chat.claim), default=0)
             if tried >= s.settings.send_attempts:
                 logger.error("eve_send_given_up", attempts=tried, messages=[m.id for m in inflight])

@@ -94,6 +94,7 @@ _IDLE: Mapping[str, Any] = {
     "waiting_input": False,
     "compact_phase": None,
     "compact_cancel": None,
+    "stop_wanted": False,
 }  # compact_reply_to / compact_lang stay: a /compact's "after" line (M5) comes a turn later
 
 
@@ -432,6 +433,17 @@ class Transitions:
                 return False
             await self._write(address, _IDLE)
             return True
+
+    async def want_stop(self, address: str) -> Chat | None:
+        """busy(turn|compacting) → the same, with the stop mark (L*: the stop button, /stop): the
+        consumer cancels in eve. The chat as it was; None when nothing runs (idle, released) or
+        a stop is already asked for."""
+        async with self.store.db.transaction():
+            chat = await self.store.chat(address)
+            if chat is None or not chat.busy or chat.stop_wanted or chat.reset_requested:
+                return None
+            await self._write(address, stop_wanted=True)
+            return chat
 
     async def want_cancel(self, address: str, claim: str) -> bool:
         """C4: a message wants the compaction cancelled; True the first time."""

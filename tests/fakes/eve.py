@@ -1,8 +1,9 @@
 """A fake eve server following PROTOCOL.md (eve 0.80.1 as observed), with fault controls.
 
 Messages understand the fake LLM's markers, so one scenario runs against this fake and the
-real eve alike: ``[[tokens=N]]``, ``[[delay=S]]``, ``[[fail=CODE]]``, ``[[reply=TEXT]]``,
-``[[tool=noop]]``. Faults a test can set on :class:`FakeEve`:
+real eve alike: ``[[tokens=N]]``, ``[[delay=S]]`` (before each step's output),
+``[[chunkdelay=S]]`` (the reply word by word, S apart; a cancel cuts it off), ``[[fail=CODE]]``,
+``[[reply=TEXT]]``, ``[[tool=noop]]``. Faults a test can set on :class:`FakeEve`:
 
 - ``not_ready_sends``: the next N sends answer 409 ``session_not_ready``;
 - ``cut_streams``: the next N stream responses are cut after ``cut_after`` lines (mid-line);
@@ -122,6 +123,7 @@ class FakeEve:
         self.ambiguous_sends = 0  # the next N sends are taken and run, but answered 502
         self.failing_texts: set[str] = set()  # a send whose text holds one of these: 500, never taken (F6)
         self.failed_sends = 0
+        self.cancel_errors = 0  # the next N cancels answer 500 (and cancel nothing)
         self.tamper: dict[str, dict[str, Any]] = {}  # event type → fields laid over its next emission (F6)
         self.unhealthy = False  # /eve/v1/health answers 503 (eve down behind a proxy)
         self.summary_delay = 0.0
@@ -396,6 +398,9 @@ class FakeEve:
             return denied
         await self._body(request)
         session = self._session(request)
+        if self.cancel_errors:
+            self.cancel_errors -= 1
+            return web.json_response({"error": "Internal error", "ok": False}, status=500)
         if session is None or not session.active:
             return web.json_response({"ok": True, "status": "no_active_turn"})
         session.cancel.set()
@@ -571,6 +576,9 @@ class FakeEve:
                     clean, marks = _markers(texts[-1])
                 if "tool" in marks and step == 0:
                     call = f"call_fake_{seq}_{step}"
+                    await self._emit(s, "action.input.appended", {"callId": call, "inputTextDelta": "{}",
+                                                                  "toolName": marks["tool"], "stepIndex": step,
+                                                                  **turn}, deliveries)
                     await self._emit(s, "actions.requested", {"actions": [{"callId": call, "input": {},
                                                                            "kind": "tool-call", "toolName": marks["tool"]}],
                                                               "stepIndex": step, **turn}, deliveries)
@@ -587,7 +595,25 @@ class FakeEve:
                 scripted = self.reply_for(texts[-1]) if self.reply_for is not None else None
                 reply = marks.get("reply") or scripted or "echo: " + clean
                 s.output_started = True
-                await self._emit(s, "message.appended", {"messageDelta": reply, "stepIndex": step, **turn}, deliveries)
+                if marks.get("chunkdelay"):
+                    # Like fake_llm's [[chunkdelay=S]]: word by word, S seconds apart; a cancel
+                    # cuts the text off (turn.cancelled, no message.completed).
+                    pace = float(marks["chunkdelay"])
+                    words = reply.split(" ")
+                    for n, word in enumerate(words):
+                        delta = word if n == 0 else " " + word
+                        await self._emit(s, "message.appended", {"messageDelta": delta, "stepIndex": step, **turn},
+                                         deliveries)
+                        if n + 1 < len(words):
+                            try:
+                                await asyncio.wait_for(s.cancel.wait(), pace)
+                            except TimeoutError:
+                                continue
+                            await self._emit(s, "turn.cancelled", turn, deliveries)
+                            return
+                else:
+                    await self._emit(s, "message.appended", {"messageDelta": reply, "stepIndex": step, **turn},
+                                     deliveries)
                 await self._emit(s, "message.completed", {"finishReason": "stop", "message": reply, "stepIndex": step,
                                                           **turn}, deliveries)
                 await self._emit(s, "step.completed", {"finishReason": "stop", "stepIndex": step, **turn,

@@ -22,7 +22,7 @@ BOT_USERNAME = "iva_test_bot"
 
 _JSON_FIELDS = {"entities", "reply_parameters", "reaction", "commands", "reply_markup", "allowed_updates",
                 "link_preview_options", "scope", "caption_entities"}
-_INT_FIELDS = {"chat_id", "message_id", "offset", "limit", "timeout", "message_thread_id", "user_id"}
+_INT_FIELDS = {"chat_id", "message_id", "offset", "limit", "timeout", "message_thread_id", "user_id", "draft_id"}
 
 
 @dataclass
@@ -396,6 +396,30 @@ class FakeTelegram:
         return {"message_id": message_id, "date": int(time.time()),
                 "chat": {"id": chat_id, "type": "private"}, "text": text,
                 "from": {"id": BOT_ID, "is_bot": True, "first_name": "Iva"}}
+
+    async def _m_sendMessageDraft(self, params: dict[str, Any]) -> bool | Fault:
+        """Bot API 10.3: a private chat's ephemeral preview; replaced by the next frame of the
+        same draft_id, gone when the bot sends a message."""
+        if int(params["chat_id"]) < 0:
+            return Fault(400, "Bad Request: drafts can be sent only to private chats")
+        if not int(params.get("draft_id") or 0):
+            return Fault(400, "Bad Request: draft_id must be non-zero")
+        if len(str(params.get("text", "")).encode("utf-16-le")) // 2 > 4096:
+            return Fault(400, "Bad Request: text is too long")
+        return True
+
+    def drafts(self, chat_id: int | None = None) -> list[dict[str, Any]]:
+        """Every sendMessageDraft that succeeded, in order (with ``at``, its monotonic time)."""
+        return [{**c.params, "at": c.at} for c in self.calls if c.method == "sendMessageDraft" and c.params.get("_ok")
+                and (chat_id is None or c.params.get("chat_id") == chat_id)]
+
+    async def stop_generation(self, chat_id: int, draft_id: int, *, thread_id: int | None = None) -> int:
+        """The person pressed the stop button of a draft (update ``stopped_message_generation``)."""
+        stopped: dict[str, Any] = {"chat": {"id": chat_id, "type": "private", "first_name": "Ann"},
+                                   "draft_id": draft_id}
+        if thread_id is not None:
+            stopped["message_thread_id"] = thread_id
+        return await self.add_update({"stopped_message_generation": stopped})
 
     async def _m_setMessageReaction(self, params: dict[str, Any]) -> bool:
         return True

@@ -185,6 +185,7 @@ TABLE = [
     Row("want_cancel", lambda tr, c: tr.want_cancel(A, claim(c)), COMPACTING, None,
         lambda c: c.compact_cancel is CancelMark.WANTED),
     Row("cancel_sent", lambda tr, c: tr.cancel_sent(A, claim(c)), set(), None),  # only after want_cancel: below
+    Row("want_stop", lambda tr, c: tr.want_stop(A), TURNS | COMPACTING, None, lambda c: c.stop_wanted, guard=True),
     Row("notify_compacting", lambda tr, c: tr.notify_compacting(A), COMPACTING, None, lambda c: c.compact_notified,
         guard=True),
     Row("finish_compaction", lambda tr, c: tr.finish_compaction(A, c.claim, cursor=45, ok=True),

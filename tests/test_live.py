@@ -1,0 +1,180 @@
+"""Live replies (issue 13, L*): drafts while the answer is written, the progress line of a tool,
+and the stop — the draft's button and /stop — in process on the real store and the fakes.
+
+Frames are timed by the fake Bot API's receipt times: a frame is sent no sooner than the
+throttle after the last one was answered, so two receipts are never closer than the throttle.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bridge.chat.live import FRAME_INTERVAL
+from bridge.chat.transitions import ChatState, state_of
+from tests.fakes.eve import FakeEve
+from tests.fakes.telegram import BOT_USERNAME, FakeTelegram
+from tests.harness import FRIEND, OWNER, Harness
+
+GROUP = -100500
+OTHER = 3  # allowed to talk, but not the one asking
+MENTION = [{"type": "mention", "offset": 0, "length": len(BOT_USERNAME) + 1}]
+SLOW = "one two three four five six seven eight nine ten [[chunkdelay=0.15]]"
+SLOW_TEXT = "echo: one two three four five six seven eight nine ten"
+
+
+@pytest.fixture
+async def harness(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncIterator[Harness]:
+    h = Harness(tmp_path / "state", tg, fake_eve)
+    await h.start()
+    try:
+        yield h
+    finally:
+        await h.stop()
+
+
+def cancels(fake_eve: FakeEve) -> list[dict]:
+    return [body or {} for method, path, body in fake_eve.requests if method == "POST" and path.endswith("/cancel")]
+
+
+async def test_a_slow_answer_shows_draft_frames_then_one_final_message(harness: Harness, tg: FakeTelegram):
+    """L*: from the first delta the text shows as a draft, frame by frame, never two frames
+    closer than the throttle; the final message goes once, with the whole text; no frame after it."""
+    await tg.message(SLOW, user_id=OWNER)
+    await harness.settled()
+    assert tg.texts() == [SLOW_TEXT]
+    drafts = tg.drafts(OWNER)
+    assert len(drafts) >= 2, drafts
+    assert len({d["draft_id"] for d in drafts}) == 1 and drafts[0]["draft_id"] != 0
+    assert all(SLOW_TEXT.startswith(d["text"]) for d in drafts)  # the text so far, plain
+    assert all(str(d.get("can_stop")).lower() == "true" for d in drafts)
+    gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(drafts)]
+    assert min(gaps) >= FRAME_INTERVAL, gaps
+    final = next(c for c in tg.calls if c.method == "sendMessage")
+    assert all(d["at"] < final.at for d in drafts)  # no frame lands after the answer
+
+
+async def test_streaming_off_sends_no_drafts(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_STREAMING="off")
+    await h.start()
+    try:
+        await tg.message(SLOW, user_id=OWNER)
+        await h.settled()
+        assert tg.texts() == [SLOW_TEXT] and tg.drafts() == []
+    finally:
+        await h.stop()
+
+
+async def test_a_tool_at_work_shows_a_progress_line(harness: Harness, tg: FakeTelegram):
+    """L*: while the agent runs a tool, the draft names what it does; text replaces it."""
+    await tg.message("save it [[tool=notebook__note_save]] [[delay=0.6]]", user_id=OWNER)
+    await harness.settled()
+    assert tg.texts() == ["echo: save it"]
+    lines = [d["text"] for d in tg.drafts(OWNER)]
+    assert "🔧 notebook: saving a note…" in lines, lines
+
+
+async def test_groups_get_no_drafts(harness: Harness, tg: FakeTelegram):
+    """Telegram has drafts in private chats only: a group gets typing, as before."""
+    await tg.message(f"@{BOT_USERNAME} {SLOW}", user_id=OWNER, chat_id=GROUP, chat_type="supergroup",
+                     entities=MENTION)
+    await harness.settled()
+    assert tg.texts(GROUP) == [SLOW_TEXT.replace("echo: ", "echo: Ann: ")]
+    assert tg.drafts() == []
+
+
+async def test_the_draft_stop_button_cancels_the_turn_and_keeps_the_conversation(
+        harness: Harness, tg: FakeTelegram, fake_eve: FakeEve):
+    """L*: the stop button of the draft cancels the turn in eve by its id; what was written stays
+    readable, marked as stopped; the next message is answered in the same session."""
+    await tg.message("a b c d e f g h i j k l m n o p q r s t [[chunkdelay=0.3]]", user_id=OWNER)
+    await tg.wait_for(lambda: tg.drafts(OWNER), 15, "a draft frame")
+    draft = tg.drafts(OWNER)[0]
+    session = (await harness.chat()).eve_session
+    await tg.stop_generation(OWNER, int(draft["draft_id"]))
+    await harness.settled()
+    assert [c.get("turnId") for c in cancels(fake_eve)] == ["turn_0"]
+    (stopped,) = tg.texts()
+    written, mark = stopped.rsplit("\n\n", 1)
+    assert mark == "⏹ stopped" and "echo: a b c d e f g h i j k l m n o p q r s t".startswith(written)
+    assert not written.endswith(" t")  # cut off: the rest was never written
+    chat = await harness.chat()
+    assert state_of(chat) is ChatState.IDLE and chat.eve_session == session and not chat.stop_wanted
+    await tg.message("next", user_id=OWNER)
+    await harness.settled()
+    assert tg.texts()[-1] == "echo: next" and (await harness.chat()).eve_session == session
+
+
+async def test_stop_command_cancels_the_turn_and_answers(harness: Harness, tg: FakeTelegram, fake_eve: FakeEve):
+    """L*: /stop does the same in any chat, never reaching eve as text; waiting messages stay
+    queued and go next; /stop with nothing running says so."""
+    await tg.message("a b c d e f g h i j k l m n o p q r s t [[chunkdelay=0.3]]", user_id=OWNER)
+    await tg.wait_for(lambda: tg.drafts(OWNER), 15, "a draft frame")
+    await tg.message("waiting one", user_id=OWNER)
+    await tg.message("/stop", user_id=OWNER)
+    await harness.settled()
+    texts = tg.texts()
+    assert "Stopped. Send your next message when you are ready." in texts
+    assert any(t.endswith("⏹ stopped") for t in texts)
+    assert texts[-1] == "echo: waiting one"
+    assert not any("/stop" in str(body.get("message")) for s in fake_eve.sessions.values() for body in s.sends)
+    assert len(cancels(fake_eve)) == 1
+    await tg.message("/stop", user_id=OWNER)
+    await harness.settled()
+    assert tg.texts()[-1] == "Nothing is running right now."
+
+
+async def test_in_a_group_only_the_asker_or_an_owner_may_stop(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
+    """L*: a group member whose message the turn does not answer cannot stop it."""
+    harness = Harness(tmp_path / "state", tg, fake_eve, IVA_ALLOWED_USER_IDS=f"{FRIEND},{OTHER}")
+    await harness.start()
+    try:
+        await _group_stop_refused(harness, tg, fake_eve)
+    finally:
+        await harness.stop()
+
+
+async def _group_stop_refused(harness: Harness, tg: FakeTelegram, fake_eve: FakeEve) -> None:
+    await tg.message(f"@{BOT_USERNAME} a b c d e f g h [[chunkdelay=0.3]]", user_id=FRIEND, chat_id=GROUP,
+                     chat_type="supergroup", entities=MENTION)
+    await harness.until(lambda: (harness.maybe_chat(str(GROUP)) or None) is not None
+                        and harness.maybe_chat(str(GROUP)).busy, what="the group's turn")
+    await tg.message("/stop@iva_test_bot", user_id=OTHER, chat_id=GROUP, chat_type="supergroup")
+    await harness.settled()
+    texts = tg.texts(GROUP)
+    assert "Only the person I'm answering (or an owner) can stop this." in texts
+    assert texts[-1] == "echo: Ann: a b c d e f g h"
+    assert cancels(fake_eve) == []
+
+
+async def test_a_stop_survives_a_restart(harness: Harness, tg: FakeTelegram, fake_eve: FakeEve):
+    """L*: a stop is durable: the cancel did not get through (eve answered 500) and the bridge
+    died; the restart cancels the turn instead of resuming its output."""
+    await tg.message("a b c d e f g h i j k l m n o p q r s t [[chunkdelay=0.3]]", user_id=OWNER)
+    await tg.wait_for(lambda: tg.drafts(OWNER), 15, "a draft frame")
+    fake_eve.cancel_errors = 10  # the client retries a cancel (idempotent): every try fails
+    await tg.message("/stop", user_id=OWNER)
+    await harness.until(lambda: len(cancels(fake_eve)) >= 1 and fake_eve.cancel_errors < 10, what="a failed cancel")
+    await harness.crash()
+    fake_eve.cancel_errors = 0
+    await harness.start()
+    await harness.settled()
+    texts = tg.texts()
+    assert "echo: a b c d e f g h i j k l m n o p q r s t" not in texts
+    assert any(t.endswith("⏹ stopped") for t in texts)
+    assert not (await harness.chat()).stop_wanted
+
+
+async def test_a_429_on_drafts_slows_the_frames_and_the_final_still_goes(harness: Harness, tg: FakeTelegram):
+    """L*: a 429 on a frame waits retry_after (frames are skipped, never queued); the final
+    message is sent once, whole."""
+    tg.fail("sendMessageDraft", 429, retry_after=1, times=1)
+    await tg.message(SLOW, user_id=OWNER)
+    await harness.settled()
+    assert tg.texts() == [SLOW_TEXT]
+    calls = [c for c in tg.calls if c.method == "sendMessageDraft"]
+    assert len(calls) >= 2
+    assert calls[1].at - calls[0].at >= 1.0  # the retry_after was kept
