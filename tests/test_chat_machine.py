@@ -262,6 +262,14 @@ async def test_a_kill_at_every_statement_of_a_turn(tmp_path: Path, tg: FakeTeleg
     assert points > 10
 
 
+async def test_a_kill_at_every_statement_of_a_streamed_turn(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
+    """L* (issue 13): a turn whose answer streams as a live draft, killed anywhere: the final
+    message goes once (twice only in the send → record window); drafts are never the answer."""
+    points = await _sweep(tmp_path, tg, fake_eve, "one two three four [[chunkdelay=0.1]]", "echo: one two three four")
+    assert points > 10
+    assert tg.drafts()  # the drafts were shown
+
+
 async def test_a_kill_at_every_statement_of_a_parking_compaction(tmp_path: Path, tg: FakeTelegram,
                                                                 fake_eve: FakeEve):
     """The turn, its parking and the compaction it starts: killed anywhere, the reply goes once,

@@ -86,3 +86,29 @@ async def test_new_resets_the_session(tg, backend, daemon):
     assert tg.texts()[2] == "echo: after"
     second = daemon.chat(str(OWNER))["eve_session"]
     assert second and second != first
+
+
+@pytest.mark.parametrize("how", ["button", "command"])
+async def test_stop_cancels_the_turn_in_eve_and_keeps_the_session(tg, backend, daemon, how):
+    """L* (issue 13), on the fake and the real eve: the draft's stop button and /stop cancel the
+    running turn in eve (POST …/cancel with its turnId); what was written stays, marked as
+    stopped; the next message is answered in the same session."""
+    await tg.message("a b c d e f g h i j k l m n o p q r s t [[chunkdelay=0.5]]", user_id=OWNER)
+    await tg.wait_for(lambda: tg.drafts(OWNER), 30, "a draft frame")
+    session = daemon.chat(str(OWNER))["eve_session"]
+    if how == "button":
+        await tg.stop_generation(OWNER, int(tg.drafts(OWNER)[0]["draft_id"]))
+    else:
+        await tg.message("/stop", user_id=OWNER)
+    await tg.wait_for(lambda: any(t.endswith("⏹ stopped") for t in tg.texts()), 30, "the stopped text")
+    await daemon.settled()
+    texts = tg.texts()
+    assert "echo: a b c d e f g h i j k l m n o p q r s t" not in texts
+    if how == "command":
+        assert "Stopped. Send your next message when you are ready." in texts
+    if backend.fake is not None:
+        assert [r for r in backend.fake.requests if r[1].endswith("/cancel")]
+    await tg.message("next", user_id=OWNER)
+    await tg.wait_for(lambda: "echo: next" in tg.texts(), 30, "the next answer")
+    await daemon.settled()
+    assert daemon.chat(str(OWNER))["eve_session"] == session

@@ -70,7 +70,7 @@ async def test_streaming_off_sends_no_drafts(tmp_path: Path, tg: FakeTelegram, f
 
 async def test_a_tool_at_work_shows_a_progress_line(harness: Harness, tg: FakeTelegram):
     """L*: while the agent runs a tool, the draft names what it does; text replaces it."""
-    await tg.message("save it [[tool=notebook__note_save]] [[delay=0.6]]", user_id=OWNER)
+    await tg.message("save it [[tool=notebook__chat_note_save]] [[delay=0.6]]", user_id=OWNER)
     await harness.settled()
     assert tg.texts() == ["echo: save it"]
     lines = [d["text"] for d in tg.drafts(OWNER)]
@@ -178,3 +178,23 @@ async def test_a_429_on_drafts_slows_the_frames_and_the_final_still_goes(harness
     calls = [c for c in tg.calls if c.method == "sendMessageDraft"]
     assert len(calls) >= 2
     assert calls[1].at - calls[0].at >= 1.0  # the retry_after was kept
+
+
+async def test_a_message_stopped_before_eve_had_it_is_never_sent(harness: Harness, tg: FakeTelegram,
+                                                                 fake_eve: FakeEve):
+    """L*: /stop while the message is still on its way to eve, and the bridge dies before eve
+    takes it: after the restart the stopped message is not sent at all; the chat is free."""
+    fake_eve.hold_sends = True
+    await tg.message("never mind", user_id=OWNER)
+    await harness.until(lambda: fake_eve.held == 1, what="the send at eve")
+    await tg.message("/stop", user_id=OWNER)
+    await harness.until(lambda: harness.maybe_chat() is not None and harness.maybe_chat().stop_wanted,
+                        what="the stop recorded")
+    await harness.crash()
+    fake_eve.hold_sends = False
+    fake_eve.release_sends.set()
+    await harness.start()
+    await harness.settled()
+    assert tg.texts() == ["Stopped. Send your next message when you are ready."]
+    assert not [b for s in fake_eve.sessions.values() for b in s.sends if "never mind" in str(b.get("message"))]
+    assert state_of(await harness.chat()) is ChatState.IDLE

@@ -33,11 +33,11 @@ DRAFT_CHARS = 4096
 # What a tool is doing, in words (the tool's own name where none is known). Notebook writes
 # show too: every write of the notebook is visible (seed 000).
 _TOOLS: dict[str, tuple[str, str]] = {
-    "note_save": ("notebook: saving a note", "блокнот: сохраняю заметку"),
-    "note_append": ("notebook: adding to a note", "блокнот: дописываю заметку"),
-    "note_delete": ("notebook: deleting a note", "блокнот: удаляю заметку"),
-    "note_read": ("notebook: reading a note", "блокнот: читаю заметку"),
-    "note_list": ("notebook: looking through the notes", "блокнот: просматриваю заметки"),
+    "chat_note_save": ("notebook: saving a note", "блокнот: сохраняю заметку"),
+    "chat_note_read": ("notebook: reading a note", "блокнот: читаю заметку"),
+    "chat_note_delete": ("notebook: deleting a note", "блокнот: удаляю заметку"),
+    "chat_note_pin": ("notebook: pinning a note", "блокнот: закрепляю заметку"),
+    "chat_note_unpin": ("notebook: unpinning a note", "блокнот: открепляю заметку"),
     "search": ("looking for a tool", "ищу инструмент"),
 }
 

@@ -131,6 +131,7 @@ class FakeEve:
         self.step_delay = 0.0
         self.send_at: dict[str, float] = {}  # message text → monotonic time its send arrived (benchmarks)
         self.completed_at: dict[str, float] = {}  # reply text → monotonic time message.completed was emitted
+        self.first_delta_at: dict[str, float] = {}  # reply text → monotonic time its first message.appended was emitted
         self.hold_sends = False  # sends wait for release_sends; a caller gone by then is dropped
         self.release_sends = asyncio.Event()
         self.held = 0
@@ -595,6 +596,7 @@ class FakeEve:
                 scripted = self.reply_for(texts[-1]) if self.reply_for is not None else None
                 reply = marks.get("reply") or scripted or "echo: " + clean
                 s.output_started = True
+                self.first_delta_at.setdefault(reply, time.monotonic())  # benchmarks: eve's first delta
                 if marks.get("chunkdelay"):
                     # Like fake_llm's [[chunkdelay=S]]: word by word, S seconds apart; a cancel
                     # cuts the text off (turn.cancelled, no message.completed).
