@@ -208,6 +208,8 @@ async def test_logs_are_json_without_token_or_text(tg, fake_eve, daemon_factory)
 
 async def test_status_and_help(tg, fake_eve, bridge):
     """M8 (basic): /status shows the session, the state, the queue and the last measurement."""
+    await tg.wait_for(lambda: {c.get("language_code") for c in tg.calls_of("setMyCommands")} >= {"en", "ru"},
+                      20, "the command menu in both languages")
     await tg.message("/help", user_id=OWNER)
     await tg.wait_texts(1)
     assert "/new" in tg.texts()[0]
@@ -220,8 +222,8 @@ async def test_status_and_help(tg, fake_eve, bridge):
     # The threshold comes from eve's /info window when IVA_CONTEXT_WINDOW is unset: 60% of 128 000.
     assert "4 321" in status and "76 800" in status and "free" in status
     assert "Notebook: 0 note(s), inline mode" in status
-    commands = tg.calls_of("setMyCommands")
-    assert {c.get("language_code") for c in commands} >= {"en", "ru"}
+    menu = tg.calls_of("setMyCommands")[0]["commands"]
+    assert "stop" in str(menu) and "/stop" in tg.texts()[0]  # L*: the menu and /help name /stop
 
 
 async def test_sigkill_before_commit_redelivers_and_answers_once(tg, fake_eve, bridge):
