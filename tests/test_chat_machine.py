@@ -270,6 +270,33 @@ async def test_a_kill_at_every_statement_of_a_streamed_turn(tmp_path: Path, tg: 
     assert tg.drafts()  # the drafts were shown
 
 
+async def test_a_kill_at_every_statement_after_an_ambiguous_send(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
+    """F4 with a kill: eve took the message but answered 502, the bridge followed the turn in the
+    stream, and died anywhere after. eve gets the message once and it is answered once (before:
+    once the cursor had passed turn.started, the restart found no sign of the turn and sent the
+    message again — a second turn, which a later turn's recovery then took for its own, acking
+    messages eve never had: lost)."""
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_ALLOWED_USER_IDS=",".join(map(str, SWEEP_USERS)))
+    await h.start()
+    try:
+        for k, user in enumerate(SWEEP_USERS, start=1):
+            text = f"ambiguous {user}"
+            fake_eve.ambiguous_sends = 1
+            image = tmp_path / f"k{k}-image"
+            killed = await _kill_during(h, image, k, lambda text=text, user=user: tg.message(text, user_id=user))
+            if killed:
+                await h.restart_from(image)
+            await h.settled(30)
+            sends = [b for s in fake_eve.sessions.values() for b in s.sends if text in str(b.get("message"))]
+            assert len(sends) == 1, (k, len(sends))
+            assert tg.texts(user).count(f"echo: {text}") in (1, 2), (k, tg.texts(user))
+            if not killed:
+                break
+        assert k > 10
+    finally:
+        await h.stop()
+
+
 async def test_a_kill_at_every_statement_of_a_parking_compaction(tmp_path: Path, tg: FakeTelegram,
                                                                 fake_eve: FakeEve):
     """The turn, its parking and the compaction it starts: killed anywhere, the reply goes once,
