@@ -29,6 +29,7 @@ from .addressing import Address, classify
 from .chat.services import Services
 from .chat.worker import Scheduler
 from .commands import Commands
+from .describe import describe, quoted
 from .metrics import METRICS
 from .payloads import Attachment, InputAnswer, PromptButton, QueuedMessage
 from .state import StateCorrupt, corrupt
@@ -274,11 +275,18 @@ class Ingest:
         if inbound.command in ("compact", "notes", "start", "help", "status", "new", "stop"):
             return await self.commands.handle(inbound.command, message, address, lang, key, inbound.command_args)
         attachment = self._attachment(message)
+        text = inbound.text or ""
+        shared = describe(message)  # a location, contact, poll… goes as text (its caption after it)
+        if shared is not None:
+            text = f"{shared}\n{text}" if text.strip() else shared
+        reply = quoted(message, self.me)
+        # A bare mention replying to a message ("@iva" under a photo) asks about that message.
+        bare_reply = reply is not None and message.text is not None
         limit = self.settings.max_file_mb
         refusal = None
         if attachment is not None and (attachment.size or 0) > limit * 1024 * 1024:
             refusal = t("file_too_big", lang, size=round((attachment.size or 0) / 1024 / 1024, 1), limit=limit)
-        elif attachment is None and (not inbound.text or not inbound.text.strip()):
+        elif attachment is None and not text.strip() and not bare_reply:
             refusal = t("unsupported", lang)  # T8: a short clear answer, never silence
         if refusal is not None:
             async with self.store.db.transaction():
@@ -290,8 +298,9 @@ class Ingest:
                 self.spawn(self.s.outbox.flush(str(address)))
             return "refused"
         queued = QueuedMessage(
-            text=inbound.text or "",
+            text=text,
             attachment=attachment,
+            reply=reply,
             message_id=message.message_id,
             user_id=user.id,
             user_name=user.full_name,
@@ -315,7 +324,7 @@ class Ingest:
             logger.info("update_duplicate_ignored")
             return "duplicate"
         logger.info("message_queued", queue_id=row)
-        logger.debug("message_text", text=inbound.text)
+        logger.debug("message_text", text=text)
         if notice:
             self.spawn(self.s.outbox.flush(str(address)))
         elif chat is not None and chat.busy and queue_policy and not chat.waiting_input:

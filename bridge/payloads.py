@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Attachment", "InputAnswer", "Kind", "Origin", "PromptButton", "Queued", "QueuedMessage", "decode"]
+__all__ = ["Attachment", "InputAnswer", "Kind", "Origin", "PromptButton", "Queued", "QueuedMessage", "Reply",
+           "decode"]
 
 
 class Kind(enum.StrEnum):
@@ -46,6 +47,29 @@ class Attachment:
 
 
 @dataclass(frozen=True, slots=True)
+class Reply:
+    """The message a person replied to, as context for eve: its text (or the part they quoted),
+    already capped, with its attachments named; who wrote it; where it was, when elsewhere."""
+
+    text: str
+    author: str | None  # None when Telegram does not say (or when it is the assistant's own)
+    assistant: bool = False  # the assistant's own earlier answer
+    partial: bool = False  # a part the person quoted, not the whole message
+    where: str | None = None  # another chat ('"Title"') or "another topic"; None: this conversation
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "author": self.author, "assistant": self.assistant, "partial": self.partial,
+                "where": self.where}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Reply:
+        author, where = data.get("author"), data.get("where")
+        return cls(text=str(data.get("text") or ""), author=None if author is None else str(author),
+                   assistant=bool(data.get("assistant")), partial=bool(data.get("partial")),
+                   where=None if where is None else str(where))
+
+
+@dataclass(frozen=True, slots=True)
 class QueuedMessage:
     """A person's message, waiting for its turn."""
 
@@ -57,6 +81,7 @@ class QueuedMessage:
     private: bool
     date: int | None = None
     attachment: Attachment | None = None
+    reply: Reply | None = None  # issue 14; payloads written before it have none
 
     kind = "message"
 
@@ -65,7 +90,8 @@ class QueuedMessage:
         return {"kind": self.kind, "text": self.text, "message_id": self.message_id, "user_id": self.user_id,
                 "user_name": self.user_name, "owner": self.owner, "private": self.private, "date": self.date,
                 "attachment": None if a is None else {"file_id": a.file_id, "size": a.size, "mime": a.mime,
-                                                      "name": a.name}}
+                                                      "name": a.name},
+                "reply": None if self.reply is None else self.reply.to_dict()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +118,7 @@ def decode(payload: Mapping[str, Any]) -> Queued:
     if payload.get("kind") == InputAnswer.kind:
         return InputAnswer(request_id=str(payload["request_id"]), option_id=str(payload["option_id"]),
                            message_id=int(payload.get("message_id") or 0), user_id=int(payload.get("user_id") or 0))
-    attachment = payload.get("attachment")
+    attachment, reply = payload.get("attachment"), payload.get("reply")
     return QueuedMessage(
         text=str(payload.get("text") or ""),
         message_id=int(payload.get("message_id") or 0),
@@ -102,6 +128,7 @@ def decode(payload: Mapping[str, Any]) -> Queued:
         private=bool(payload.get("private", True)),
         date=payload.get("date"),
         attachment=Attachment.from_dict(attachment) if attachment else None,
+        reply=Reply.from_dict(reply) if reply else None,
     )
 
 

@@ -31,7 +31,9 @@ async def test_group_answers_mentions_and_replies_only(tg, fake_eve, bridge):
     await tg.message("and a follow-up", user_id=FRIEND, chat_id=group, chat_type="supergroup", reply_to_bot=True)
     await tg.wait_texts(2)
     await bridge.settled()
-    assert tg.texts() == ["echo: Ann: what time is it", "echo: Ann: and a follow-up"]
+    assert tg.texts()[0] == "echo: Ann: what time is it" and tg.texts()[1].endswith("Ann: and a follow-up")
+    # The reply carries the answer it replies to (issue 14).
+    assert fake_eve.sends()[-1]["message"] == "> (replying to you) earlier answer\nAnn: and a follow-up"
     assert all(p["chat_id"] == group for p in tg.sent())
 
 
@@ -287,7 +289,7 @@ async def test_stuck_session_is_freed_after_busy_timeout(tg, fake_eve, daemon_fa
 
 
 async def test_documents_and_photos_go_to_eve_as_file_parts(tg, fake_eve, bridge):
-    """T8: a document and a photo reach eve as file parts; a sticker or an oversized file gets a clear answer."""
+    """T8: a document and a photo reach eve as file parts; a video or an oversized file gets a clear answer."""
     tg.files["doc1"] = b"quarterly numbers"
     tg.files["ph1"] = b"\xff\xd8\xffJPEGDATA"
     await tg.message(None, user_id=OWNER, extra={"caption": "summarise", "document": {
@@ -304,9 +306,8 @@ async def test_documents_and_photos_go_to_eve_as_file_parts(tg, fake_eve, bridge
         {"file_id": "ph1", "file_unique_id": "p", "width": 800, "height": 800, "file_size": 11}]})
     await tg.wait_texts(2)
     assert tg.texts()[1].startswith("echo: [file: photo-")
-    await tg.message(None, user_id=OWNER, extra={"sticker": {
-        "file_id": "st", "file_unique_id": "st", "type": "regular", "width": 1, "height": 1, "is_animated": False,
-        "is_video": False}})
+    await tg.message(None, user_id=OWNER, extra={"video": {
+        "file_id": "vid", "file_unique_id": "vid", "width": 1, "height": 1, "duration": 3}})
     await tg.message(None, user_id=OWNER, extra={"document": {
         "file_id": "huge", "file_unique_id": "h", "file_name": "big.iso", "file_size": 50 * 1024 * 1024}})
     await tg.wait_texts(4)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import eve_client as eve
 from bridge.addressing import classify
+from bridge.describe import QUOTE_LIMIT, describe, quoted
 from tests.conftest import OWNER
 
 ME = User(id=123456, is_bot=True, first_name="Iva", username="iva_test_bot")
@@ -52,8 +53,8 @@ entity = st.fixed_dictionaries({
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=st.text(max_size=60), entities=st.lists(entity, max_size=4),
        chat_type=st.sampled_from(["private", "group", "supergroup"]), thread=st.none() | st.integers(1, 99),
-       topic=st.booleans(), reply=st.booleans())
-def test_classify_never_raises(text, entities, chat_type, thread, topic, reply):
+       topic=st.booleans(), reply=st.booleans(), quote=st.none() | st.text(max_size=1100))
+def test_classify_never_raises(text, entities, chat_type, thread, topic, reply, quote):
     raw = {"message_id": 1, "date": 0, "chat": {"id": -5 if chat_type != "private" else 5, "type": chat_type},
            "from": {"id": 5, "is_bot": False, "first_name": "A"}, "text": text, "entities": entities}
     if thread is not None:
@@ -63,10 +64,15 @@ def test_classify_never_raises(text, entities, chat_type, thread, topic, reply):
     if reply:
         raw["reply_to_message"] = {"message_id": thread or 2, "date": 0, "chat": raw["chat"],
                                    "from": {"id": ME.id, "is_bot": True, "first_name": "Iva"}}
+    if quote is not None:
+        raw["quote"] = {"text": quote, "position": 0}
     message = Message.model_validate(raw)
     inbound = classify(message, ME)
     assert inbound.address.thread_id != 1
     assert (inbound.address.thread_id is not None) <= bool(topic)
+    context = quoted(message, ME)  # issue 14: the reply's context never raises, and is capped
+    assert describe(message) is None
+    assert context is None or len(context.text) <= QUOTE_LIMIT + 1
 
 
 async def test_telegram_fault_storm_loses_nothing(tg, fake_eve, bridge):

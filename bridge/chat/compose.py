@@ -1,4 +1,17 @@
-"""Queued messages → what eve receives: one turn of text (and file parts) from several messages."""
+"""Queued messages → what eve receives: one turn of text (and file parts) from several messages.
+
+A message that replies to another carries that message as quoted context, on the lines before
+the person's words (issue 14)::
+
+    > (replying to you) the assistant's earlier answer, or the part the person quoted
+    > and its further lines
+    Ann: the person's words
+
+"(replying to X)" for the whole message, "(quoting X)" for a part the person selected; X is "you"
+(the assistant's own answer), the author's name, or "a message" when Telegram does not say;
+", in "Title"" or ", in another topic" follows for a message from elsewhere. The text is at most
+1 000 characters (then "…"); its attachments are named ("[photo]"), never sent again.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +26,9 @@ from aiogram import Bot
 import eve_client as eve
 
 from .. import log
-from ..payloads import Attachment, Queued, QueuedMessage
+from ..payloads import Attachment, Queued, QueuedMessage, Reply
 
-__all__ = ["compose"]
+__all__ = ["compose", "framed"]
 
 logger = log.get("bridge.chat.compose")
 
@@ -37,13 +50,25 @@ async def compose(bot: Bot, items: Sequence[Queued], *, max_file_mb: int) -> str
             else:
                 text = f"{text}\n[{item.attachment.name}: {part}]".strip()
         if not item.private:
-            text = f"{item.user_name or 'someone'}: {text}"
+            text = f"{item.user_name or 'someone'}: {text}".rstrip()
+        if item.reply is not None:
+            text = f"{framed(item.reply)}\n{text}"
         if text:
             texts.append(text)
     joined = "\n\n".join(texts)
     if not files:
         return joined
     return [*([{"type": "text", "text": joined}] if joined else []), *files]
+
+
+def framed(reply: Reply) -> str:
+    """The replied-to message as quoted lines (the module's docstring shows the shape)."""
+    who = "you" if reply.assistant else reply.author or "a message"
+    where = f", in {reply.where}" if reply.where else ""
+    head = f"({'quoting' if reply.partial else 'replying to'} {who}{where})"
+    lines = reply.text.splitlines() or [""]
+    return "\n".join(f"> {head} {lines[0]}".rstrip() if i == 0 else f"> {line}".rstrip()
+                     for i, line in enumerate(lines))
 
 
 class TooBig(Exception):
