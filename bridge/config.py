@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import shlex
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +27,7 @@ DEFAULT_BATCH = 10
 DEFAULT_API_LISTEN = "127.0.0.1:8787"
 DEFAULT_MAX_FILE_MB = 20  # the Bot API's getFile limit
 DEFAULT_RETENTION_DAYS = 14
+DEFAULT_TRANSCRIBE_TIMEOUT = 60.0
 
 _TOKEN = re.compile(r"^\d{3,}:[A-Za-z0-9_-]{20,}$")
 
@@ -83,6 +86,11 @@ class Settings:
     batch_size: int = DEFAULT_BATCH
     max_file_mb: int = DEFAULT_MAX_FILE_MB
     retention_days: int | None = DEFAULT_RETENTION_DAYS  # F7; None: nothing is pruned
+    # Voice, audio and video notes (issue 14): refused, sent as files, or transcribed by a command
+    # (its argv, the audio file's path appended) within the timeout.
+    voice: Literal["refuse", "file", "command"] = "refuse"
+    transcribe_cmd: tuple[str, ...] = ()
+    transcribe_timeout: float = DEFAULT_TRANSCRIBE_TIMEOUT
     log_level: str = "info"
     notes_enabled: bool = True
     notes_connection: str = "notebook"
@@ -177,6 +185,28 @@ class Settings:
                 return None
             return raw.rstrip("/")
 
+        def command(name: str) -> tuple[str, ...]:
+            """A command line, split as a shell would (but run without one); its program must exist."""
+            raw = get(name)
+            if raw is None:
+                return ()
+            try:
+                argv = tuple(shlex.split(raw))
+            except ValueError as exc:
+                problems.append(f"{name}={raw!r} is not a command line ({exc})")
+                return ()
+            if not argv:
+                problems.append(f"{name}={raw!r} names no program")
+                return ()
+            program = argv[0]
+            found = (os.path.isfile(program) and os.access(program, os.X_OK)) if "/" in program \
+                else shutil.which(program, path=env.get("PATH", os.defpath)) is not None
+            if not found:
+                problems.append(f"{name}: {program!r} is not an executable program"
+                                + ("" if "/" in program else " on PATH"))
+                return ()
+            return argv
+
         token = get("IVA_TELEGRAM_TOKEN")
         if token is None:
             problems.append("IVA_TELEGRAM_TOKEN is required (the bot token from @BotFather)")
@@ -201,6 +231,14 @@ class Settings:
         if lang not in ("ru", "en"):
             problems.append(f"IVA_LANG={lang!r} must be 'ru' or 'en'")
             lang = "ru"
+        voice = (get("IVA_VOICE") or "refuse").lower()
+        if voice not in ("refuse", "file", "command"):
+            problems.append(f"IVA_VOICE={voice!r} must be 'refuse', 'file' or 'command'")
+            voice = "refuse"
+        transcribe_cmd = command("IVA_TRANSCRIBE_CMD") if voice == "command" else ()  # else unused
+        if voice == "command" and get("IVA_TRANSCRIBE_CMD") is None:
+            problems.append("IVA_VOICE=command needs IVA_TRANSCRIBE_CMD: the command that prints a transcript "
+                            "(the audio file's path is appended as its last argument)")
         state = get("IVA_STATE_DIR") or get("STATE_DIRECTORY")
         state_dir = Path(state.split(":")[0]) if state else Path("./var")
 
@@ -247,6 +285,7 @@ class Settings:
             batch_size=integer("IVA_BATCH", DEFAULT_BATCH, low=1, high=100),
             max_file_mb=integer("IVA_MAX_FILE_MB", DEFAULT_MAX_FILE_MB, low=1, high=2000),
             retention_days=retention("IVA_RETENTION_DAYS"),
+            transcribe_timeout=number("IVA_TRANSCRIBE_TIMEOUT", DEFAULT_TRANSCRIBE_TIMEOUT, low=1.0),
         )
         if problems:
             raise ConfigError(problems)
@@ -269,5 +308,7 @@ class Settings:
             notes_enabled=notes_enabled,
             notes_connection=connection,
             notes_texts=texts,
+            voice=voice,  # type: ignore[arg-type]
+            transcribe_cmd=transcribe_cmd,
             **settings,  # type: ignore[arg-type]
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import mimetypes
 import sqlite3
 import time
 
@@ -31,7 +32,7 @@ from .chat.worker import Scheduler
 from .commands import Commands
 from .describe import describe, quoted
 from .metrics import METRICS
-from .payloads import Attachment, InputAnswer, PromptButton, QueuedMessage
+from .payloads import Attachment, InputAnswer, PromptButton, QueuedMessage, Spoken
 from .state import StateCorrupt, corrupt
 from .texts import pick_lang, t
 
@@ -274,7 +275,11 @@ class Ingest:
         key = f"tg:{message.chat.id}:{message.message_id}"
         if inbound.command in ("compact", "notes", "start", "help", "status", "new", "stop"):
             return await self.commands.handle(inbound.command, message, address, lang, key, inbound.command_args)
-        attachment = self._attachment(message)
+        attachment = self._attachment(message) or self._spoken(message, self.settings.voice)
+        # A recording or video we do not take is refused even with a caption: it is never dropped
+        # silently behind its caption.
+        recorded = (message.voice, message.audio, message.video_note, message.video)
+        untaken = attachment is None and any(m is not None for m in recorded)
         text = inbound.text or ""
         shared = describe(message)  # a location, contact, poll… goes as text (its caption after it)
         if shared is not None:
@@ -286,8 +291,9 @@ class Ingest:
         refusal = None
         if attachment is not None and (attachment.size or 0) > limit * 1024 * 1024:
             refusal = t("file_too_big", lang, size=round((attachment.size or 0) / 1024 / 1024, 1), limit=limit)
-        elif attachment is None and not text.strip() and not bare_reply:
-            refusal = t("unsupported", lang)  # T8: a short clear answer, never silence
+        elif attachment is None and (untaken or (not text.strip() and not bare_reply)):
+            # T8: a short clear answer, never silence
+            refusal = t("unsupported" if self.settings.voice == "refuse" else "unsupported_voice", lang)
         if refusal is not None:
             async with self.store.db.transaction():
                 fresh = await self.queue.remember(str(address), {"kind": "refused"}, dedupe_key=key)
@@ -345,4 +351,29 @@ class Ingest:
             return Attachment(file_id=doc.file_id, size=doc.file_size,
                               mime=doc.mime_type or "application/octet-stream",
                               name=doc.file_name or f"file-{message.message_id}")
+        return None
+
+    @staticmethod
+    def _spoken(message: Message, voice: str) -> Attachment | None:
+        """Issue 14: a voice message, audio file or video note, unless IVA_VOICE refuses them. Under
+        ``file`` it goes to eve as a file part, like a document; under ``command`` the worker
+        transcribes it when it composes the turn (the reference is queued now, so a restart loses
+        nothing and this loop never waits for a transcription). A video is never taken."""
+        if voice not in ("file", "command"):
+            return None
+        transcribe, n = voice == "command", message.message_id
+        if message.voice is not None:
+            v = message.voice
+            return Attachment(file_id=v.file_id, size=v.file_size, mime=v.mime_type or "audio/ogg",
+                              name=f"voice-{n}.ogg", spoken=Spoken.VOICE, transcribe=transcribe)
+        if message.audio is not None:
+            a = message.audio
+            mime = a.mime_type or "audio/mpeg"
+            return Attachment(file_id=a.file_id, size=a.file_size, mime=mime,
+                              name=a.file_name or f"audio-{n}{mimetypes.guess_extension(mime) or ''}",
+                              spoken=Spoken.AUDIO, transcribe=transcribe)
+        if message.video_note is not None:
+            note = message.video_note
+            return Attachment(file_id=note.file_id, size=note.file_size, mime="video/mp4",
+                              name=f"video-note-{n}.mp4", spoken=Spoken.VIDEO_NOTE, transcribe=transcribe)
         return None

@@ -19,6 +19,8 @@ class _Metrics:
         self.draft_frames = Counter("iva_draft_frames", "Live draft frames sent (sendMessageDraft)", registry=r)
         self.stops = Counter("iva_stops", "Stops asked for (the draft's button, /stop), by what ran", ["kind"],
                              registry=r)
+        self.transcriptions = Counter("iva_transcriptions", "Recordings transcribed by IVA_TRANSCRIBE_CMD, by outcome "
+                                      "(ok, failed, timeout, empty, unfetched)", ["outcome"], registry=r)
         self.malformed = Counter("iva_eve_malformed_lines", "Malformed eve stream lines skipped", registry=r)
         self.compactions = Counter("iva_compactions", "Compactions, by origin and outcome", ["origin", "outcome"],
                                    registry=r)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Attachment", "InputAnswer", "Kind", "Origin", "PromptButton", "Queued", "QueuedMessage", "Reply",
-           "decode"]
+           "Spoken",            "decode"]
 
 
 class Kind(enum.StrEnum):
@@ -30,20 +30,50 @@ class Origin(enum.StrEnum):
     MANUAL = "manual"
 
 
+class Spoken(enum.StrEnum):
+    """The kinds of spoken input (IVA_VOICE), each with what a transcript of it is marked as."""
+
+    VOICE = "voice"
+    AUDIO = "audio"
+    VIDEO_NOTE = "video_note"
+
+    @classmethod
+    def parse(cls, raw: object) -> Spoken:
+        """A kind this version does not know (a newer row) reads as plain audio, never as a
+        decode error that would wedge the chat's queue."""
+        return next((kind for kind in cls if kind.value == raw), cls.AUDIO)
+
+    @property
+    def label(self) -> str:
+        return {"voice": "voice message", "audio": "audio", "video_note": "video message"}[self.value]
+
+
 @dataclass(frozen=True, slots=True)
 class Attachment:
-    """A photo or document, by reference: the worker downloads it when it composes the turn."""
+    """A photo, document, voice message, audio file or video note, by reference: the worker
+    downloads it when it composes the turn. ``transcribe`` (IVA_VOICE=command when it arrived):
+    the worker sends its transcript as text instead of the file."""
 
     file_id: str
     size: int | None
     mime: str
     name: str
+    spoken: Spoken | None = None
+    transcribe: bool = False
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Attachment:
-        size = data.get("size")
+        size, spoken = data.get("size"), data.get("spoken")
         return cls(file_id=str(data["file_id"]), size=int(size) if size is not None else None,
-                   mime=str(data.get("mime") or "application/octet-stream"), name=str(data.get("name") or "file"))
+                   mime=str(data.get("mime") or "application/octet-stream"), name=str(data.get("name") or "file"),
+                   spoken=Spoken.parse(spoken) if spoken is not None else None,
+                   transcribe=bool(data.get("transcribe")))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"file_id": self.file_id, "size": self.size, "mime": self.mime, "name": self.name}
+        if self.spoken is not None:  # rows of photos and documents stay as they were
+            out.update(spoken=str(self.spoken), transcribe=self.transcribe)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +119,7 @@ class QueuedMessage:
         a = self.attachment
         return {"kind": self.kind, "text": self.text, "message_id": self.message_id, "user_id": self.user_id,
                 "user_name": self.user_name, "owner": self.owner, "private": self.private, "date": self.date,
-                "attachment": None if a is None else {"file_id": a.file_id, "size": a.size, "mime": a.mime,
-                                                      "name": a.name},
+                "attachment": None if a is None else a.to_dict(),
                 "reply": None if self.reply is None else self.reply.to_dict()}
 
 

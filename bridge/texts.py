@@ -158,6 +158,14 @@ _TEXTS: dict[str, dict[Lang, str]] = {
         "en": "I can read text, photos and documents — not this kind of message, sorry.",
         "ru": "Я понимаю текст, фото и документы — такое сообщение, увы, нет.",
     },
+    "unsupported_voice": {  # IVA_VOICE=file or command: voice is read too
+        "en": "I can read text, photos, documents and voice messages — not this kind of message, sorry.",
+        "ru": "Я понимаю текст, фото, документы и голосовые — такое сообщение, увы, нет.",
+    },
+    "voice_unheard": {
+        "en": "I couldn't transcribe that recording — please send it again or write it down.",
+        "ru": "Не получилось расшифровать эту запись — отправьте её ещё раз или напишите текстом.",
+    },
     "file_too_big": {
         "en": "That file is too big for me ({size} MB; the limit is {limit} MB).",
         "ru": "Этот файл слишком большой ({size} МБ; предел — {limit} МБ).",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import io
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,24 +27,44 @@ from aiogram import Bot
 import eve_client as eve
 
 from .. import log
-from ..payloads import Attachment, Queued, QueuedMessage, Reply
+from ..metrics import METRICS
+from ..payloads import Attachment, Queued, QueuedMessage, Reply, Spoken
+from .transcribe import TranscribeFailed, Transcriber
 
-__all__ = ["compose", "framed"]
+__all__ = ["Composed", "compose", "framed"]
 
 logger = log.get("bridge.chat.compose")
 
 
-async def compose(bot: Bot, items: Sequence[Queued], *, max_file_mb: int) -> str | list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class Composed:
+    """The turn for eve, and the recordings left out of it: no transcript (IVA_VOICE=command)."""
+
+    message: str | list[dict[str, Any]]
+    unheard: tuple[QueuedMessage, ...] = ()
+
+
+async def compose(bot: Bot, items: Sequence[Queued], *, max_file_mb: int,
+                  transcriber: Transcriber | None = None) -> Composed:
     """Several waiting messages go as one turn; in groups each says who wrote it; photos and
     documents go as file parts (T8), each at most ``max_file_mb`` — enforced on the bytes as they
-    arrive, since Telegram does not always say a file's size (the turn's claim bounds their sum)."""
+    arrive, since Telegram does not always say a file's size (the turn's claim bounds their sum).
+    A recording queued for transcription goes as its transcript, marked; one that has none (the
+    download or the command failed) is left out, with its caption — its sender is told instead."""
     texts: list[str] = []
     files: list[dict[str, Any]] = []
+    unheard: list[QueuedMessage] = []
     for item in items:
         if not isinstance(item, QueuedMessage):
             continue
         text = item.text
-        if item.attachment is not None:
+        if item.attachment is not None and item.attachment.transcribe:
+            heard = await _transcribe(bot, item.attachment, max_file_mb * 1024 * 1024, transcriber)
+            if heard is None:
+                unheard.append(item)
+                continue
+            text = f"{text}\n[{(item.attachment.spoken or Spoken.AUDIO).label}, transcribed] {heard}".strip()
+        elif item.attachment is not None:
             part = await _download(bot, item.attachment, max_file_mb * 1024 * 1024)
             if isinstance(part, dict):
                 files.append(part)
@@ -57,8 +78,8 @@ async def compose(bot: Bot, items: Sequence[Queued], *, max_file_mb: int) -> str
             texts.append(text)
     joined = "\n\n".join(texts)
     if not files:
-        return joined
-    return [*([{"type": "text", "text": joined}] if joined else []), *files]
+        return Composed(joined, tuple(unheard))
+    return Composed([*([{"type": "text", "text": joined}] if joined else []), *files], tuple(unheard))
 
 
 def framed(reply: Reply) -> str:
@@ -90,6 +111,29 @@ class _Capped(io.BytesIO):
 
 async def _download(bot: Bot, attachment: Attachment, cap: int) -> dict[str, Any] | str:
     """The file as a part for eve, or why it is not attached (a note in the turn's text)."""
+    data = await _fetch(bot, attachment, cap)
+    return data if isinstance(data, str) else eve.file_part(data, attachment.mime, attachment.name)
+
+
+async def _transcribe(bot: Bot, attachment: Attachment, cap: int, transcriber: Transcriber | None) -> str | None:
+    """The recording's transcript, or None (logged) when it has none."""
+    if transcriber is None:
+        # Queued under IVA_VOICE=command, composed after a restart under another setting.
+        logger.warning("voice_not_transcribed", reason="IVA_VOICE is no longer 'command'", name=attachment.name)
+        return None
+    data = await _fetch(bot, attachment, cap)
+    if isinstance(data, str):
+        METRICS.transcriptions.labels(outcome="unfetched").inc()
+        return None
+    try:
+        return await transcriber.transcribe(data, attachment.name)
+    except TranscribeFailed as exc:
+        logger.warning("voice_not_transcribed", reason=str(exc), outcome=exc.outcome, name=attachment.name)
+        return None
+
+
+async def _fetch(bot: Bot, attachment: Attachment, cap: int) -> bytes | str:
+    """The file's bytes, or why there are none (logged)."""
     limit = f"larger than the {cap // (1024 * 1024)} MB limit, not attached"
     try:
         file = await bot.get_file(attachment.file_id)
@@ -102,16 +146,14 @@ async def _download(bot: Bot, attachment: Attachment, cap: int) -> dict[str, Any
             local = Path(path)
             if (await asyncio.to_thread(local.stat)).st_size > cap:
                 return limit
-            data = await asyncio.to_thread(local.read_bytes)
-        else:
-            buffer = await bot.download_file(path, destination=_Capped(cap), timeout=60)
-            if buffer is None:
-                return "the file could not be fetched from Telegram"
-            data = buffer.getvalue() if isinstance(buffer, io.BytesIO) else buffer.read()
+            return await asyncio.to_thread(local.read_bytes)
+        buffer = await bot.download_file(path, destination=_Capped(cap), timeout=60)
+        if buffer is None:
+            return "the file could not be fetched from Telegram"
+        return buffer.getvalue() if isinstance(buffer, io.BytesIO) else buffer.read()
     except TooBig:
         logger.warning("telegram_download_over_limit", name=attachment.name, limit_bytes=cap)
         return limit
     except Exception as exc:  # a file we cannot fetch becomes a note in the text, not a lost turn
         logger.warning("telegram_download_failed", error=str(exc), name=attachment.name)
         return "the file could not be fetched from Telegram"
-    return eve.file_part(data, attachment.mime, attachment.name)

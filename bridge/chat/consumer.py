@@ -30,8 +30,8 @@ from ..sender import Typing
 from ..store import Chat, CompactPhase
 from ..texts import number, t
 from .compaction import Answer, Compaction
-from .delivery import GONE, Lost, send
-from .endings import lose
+from .delivery import GONE, Lost, Unheard, send
+from .endings import lose, say_unheard
 from .live import Draft, progress_line
 from .services import Services, Slot
 from .transitions import Superseded
@@ -514,6 +514,13 @@ class BusyPeriod:
         except Lost as exc:
             await lose(s, self.address, claim, str(exc))
             return True
+        except Unheard as exc:
+            # Recordings without a transcript, and nothing else: each sender is told, the turn goes on.
+            async with s.store.db.transaction():
+                await say_unheard(s, self.address, exc.items)
+                await s.queue.ack([m.id for m in messages], claim=steer)
+            await s.outbox.flush(self.address)
+            return False
         except eve.EveError as exc:
             logger.warning("eve_steer_failed", error=str(exc))
             await s.queue.nack([m.id for m in messages], claim=steer)

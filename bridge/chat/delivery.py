@@ -3,6 +3,7 @@ an owner's turn (N6), the delivery recorded."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import structlog
@@ -11,10 +12,12 @@ import eve_client as eve
 
 from .. import log
 from ..payloads import Queued, QueuedMessage
-from .compose import compose
+from .compose import Composed, compose
+from .endings import say_unheard
 from .services import Services
+from .transcribe import Transcriber
 
-__all__ = ["GONE", "Lost", "send"]
+__all__ = ["GONE", "Lost", "Unheard", "send"]
 
 logger = log.get("bridge.chat.delivery")
 
@@ -26,36 +29,54 @@ class Lost(Exception):
     """The eve session is gone, stranded or stuck: free the chat with the reset mark."""
 
 
+class Unheard(Exception):
+    """Nothing is left to send: the messages are recordings without a transcript (issue 14). The
+    caller ends them — each sender told in one line — in the same commit as their end."""
+
+    def __init__(self, items: Sequence[QueuedMessage]) -> None:
+        super().__init__(f"{len(items)} recording(s) without a transcript")
+        self.items = tuple(items)
+
+
 async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *,
                policy: eve.TurnPolicy, steered: Sequence[int] = (), steer_claim: str | None = None) -> eve.Delivery:
     """Deliver to eve; a session eve no longer knows is replaced once, transparently (a steer
-    cannot be: its turn is in the old session)."""
-    for attempt in (1, 2):
-        session = await _ensure_session(s, address, claim)
-        context, marks = await _state_block(s, address, policy)
-        try:
-            if any(isinstance(i, QueuedMessage) and i.attachment is not None for i in items):
-                async with s.files:  # the files of at most FILE_TURNS turns in memory at once
-                    delivery = await _send(s, session, items, policy, context)
-            else:
-                delivery = await _send(s, session, items, policy, context)
-        except GONE as exc:
-            if attempt == 2 or policy == "steer":
-                raise Lost(str(exc)) from exc
-            logger.warning("eve_session_replaced", reason=str(exc))
-            await s.transitions.session_dropped(address, claim)
-            continue
-        # The one-shot marks (N6) once the block is with eve: a crash before this shows it again.
-        await s.transitions.delivered(address, claim, delivery.delivery_id, marks, steered=steered,
-                                      steer_claim=steer_claim)
-        return delivery
+    cannot be: its turn is in the old session). The turn is composed once, before: its files
+    fetched, its recordings transcribed (in this worker, never in ingest's loop)."""
+    async with contextlib.AsyncExitStack() as held:
+        if any(isinstance(i, QueuedMessage) and i.attachment is not None for i in items):
+            await held.enter_async_context(s.files)  # the files of at most FILE_TURNS turns in memory at once
+        composed = await _compose(s, address, items)
+        for attempt in (1, 2):
+            session = await _ensure_session(s, address, claim)
+            context, marks = await _state_block(s, address, policy)
+            try:
+                delivery = await s.eve.send(session, composed.message, turn_policy=policy, client_context=context)
+            except GONE as exc:
+                if attempt == 2 or policy == "steer":
+                    raise Lost(str(exc)) from exc
+                logger.warning("eve_session_replaced", reason=str(exc))
+                await s.transitions.session_dropped(address, claim)
+                continue
+            # The one-shot marks (N6) once the block is with eve: a crash before this shows it again.
+            await s.transitions.delivered(address, claim, delivery.delivery_id, marks, steered=steered,
+                                          steer_claim=steer_claim)
+            return delivery
     raise AssertionError("unreachable")
 
 
-async def _send(s: Services, session: str, items: Sequence[Queued], policy: eve.TurnPolicy,
-                context: eve.ClientContext | None) -> eve.Delivery:
-    message = await compose(s.sender.bot, items, max_file_mb=s.settings.max_file_mb)
-    return await s.eve.send(session, message, turn_policy=policy, client_context=context)
+async def _compose(s: Services, address: str, items: Sequence[Queued]) -> Composed:
+    """The turn for eve. Recordings left out (no transcript) are answered now, once each (keyed
+    by the message), and the rest goes on; when nothing is left, :class:`Unheard`."""
+    composed = await compose(s.sender.bot, items, max_file_mb=s.settings.max_file_mb,
+                             transcriber=Transcriber.from_settings(s.settings))
+    if composed.unheard and not composed.message:
+        raise Unheard(composed.unheard)
+    if composed.unheard:
+        async with s.store.db.transaction():
+            await say_unheard(s, address, composed.unheard)
+        await s.outbox.flush(address)
+    return composed
 
 
 async def _ensure_session(s: Services, address: str, claim: str) -> str:

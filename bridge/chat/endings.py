@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .. import log
 from ..metrics import METRICS
 from ..payloads import Kind, Origin, QueuedMessage, decode
 from ..texts import t
 from .services import Services
 
-__all__ = ["fail_turn", "lose"]
+__all__ = ["fail_turn", "lose", "say_unheard", "unheard"]
 
 logger = log.get("bridge.chat")
 
@@ -46,3 +48,24 @@ async def fail_turn(s: Services, address: str, claim: str, reason: str) -> None:
                            reply_to=replied[-1].message_id if replied else None)
     METRICS.turns.labels(outcome="failed").inc()
     await s.outbox.flush(address)
+
+
+async def unheard(s: Services, address: str, claim: str, items: Sequence[QueuedMessage]) -> None:
+    """Nothing of the turn could go to eve — its messages are recordings without a transcript
+    (issue 14): each sender is told in one line, the messages are done with, the chat is free;
+    eve never hears of it."""
+    async with s.store.db.transaction():
+        await say_unheard(s, address, items)
+        await s.transitions.fail_turn(address, claim)  # busy(turn) → idle, the messages acknowledged
+    METRICS.turns.labels(outcome="unheard").inc()
+    await s.outbox.flush(address)
+
+
+async def say_unheard(s: Services, address: str, items: Sequence[QueuedMessage]) -> None:
+    """One line to the sender of each recording that has no transcript, in the caller's
+    transaction; keyed by the message, so a retried turn never says it twice."""
+    chat = await s.store.chat(address)
+    assert chat is not None
+    for item in items:
+        await s.outbox.say(chat, f"unheard:{chat.chat_id}:{item.message_id}", t("voice_unheard", chat.lang),
+                           reply_to=item.message_id)

@@ -15,8 +15,8 @@ from ..payloads import Kind, Origin, decode
 from ..store import Chat, CompactPhase
 from ..texts import t
 from .consumer import BusyPeriod
-from .delivery import GONE, Lost, send
-from .endings import fail_turn, lose
+from .delivery import GONE, Lost, Unheard, send
+from .endings import fail_turn, lose, unheard
 from .services import Services, Slot
 
 __all__ = ["drive", "resume"]
@@ -99,6 +99,9 @@ async def drive(s: Services, inbox: asyncio.Queue[object], address: str, claim: 
         raise
     except Lost as exc:
         await lose(s, address, claim, str(exc))
+        return
+    except Unheard as exc:
+        await unheard(s, address, claim, exc.items)
         return
     except eve.EveRejected as exc:
         logger.error("eve_rejected_message", error=str(exc))
