@@ -36,6 +36,19 @@ FAKE_EVES: dict[str, FakeEve] = {}  # URL → the fake eve serving there (Daemon
 
 
 @pytest.fixture
+async def harness(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncIterator[Any]:
+    """The bridge in process on a temp store and the fakes (tests/harness.py)."""
+    from tests.harness import Harness
+
+    h = Harness(tmp_path / "state", tg, fake_eve)
+    await h.start()
+    try:
+        yield h
+    finally:
+        await h.stop()
+
+
+@pytest.fixture
 async def fake_eve() -> AsyncIterator[FakeEve]:
     fake = FakeEve()
     await fake.start()

@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -42,16 +42,6 @@ def routes(fake: FakeEve) -> list[str]:
         elif method == "POST" and path.count("/") == 4 and body:
             out.append("send")
     return out
-
-
-@pytest.fixture
-async def harness(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncIterator[Harness]:
-    h = Harness(tmp_path / "state", tg, fake_eve)
-    await h.start()
-    try:
-        yield h
-    finally:
-        await h.stop()
 
 
 async def test_a_turn_answers_once_and_frees_the_chat(harness: Harness, tg: FakeTelegram, fake_eve: FakeEve):

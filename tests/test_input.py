@@ -7,7 +7,6 @@ Each checks what the fake eve was sent (the turn's text) and that the person got
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +21,6 @@ GROUP = -100500
 MENTION = [{"type": "mention", "offset": 0, "length": len(BOT_USERNAME) + 1}]
 BOB = {"id": 7, "is_bot": False, "first_name": "Bob", "last_name": "Stone"}
 IVA = {"id": BOT_ID, "is_bot": True, "first_name": "Iva", "username": BOT_USERNAME}
-
-
-@pytest.fixture
-async def harness(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncIterator[Harness]:
-    h = Harness(tmp_path / "state", tg, fake_eve)
-    await h.start()
-    try:
-        yield h
-    finally:
-        await h.stop()
 
 
 def said(fake_eve: FakeEve) -> list[str]:

@@ -8,10 +8,7 @@ throttle after the last one was answered, so two receipts are never closer than 
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from bridge.chat.live import FRAME_INTERVAL
 from bridge.chat.transitions import ChatState, state_of
@@ -24,16 +21,6 @@ OTHER = 3  # allowed to talk, but not the one asking
 MENTION = [{"type": "mention", "offset": 0, "length": len(BOT_USERNAME) + 1}]
 SLOW = "one two three four five six seven eight nine ten [[chunkdelay=0.15]]"
 SLOW_TEXT = "echo: one two three four five six seven eight nine ten"
-
-
-@pytest.fixture
-async def harness(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncIterator[Harness]:
-    h = Harness(tmp_path / "state", tg, fake_eve)
-    await h.start()
-    try:
-        yield h
-    finally:
-        await h.stop()
 
 
 def cancels(fake_eve: FakeEve) -> list[dict]:

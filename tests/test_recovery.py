@@ -296,6 +296,19 @@ async def test_sigterm_while_telegram_is_unreachable_at_start_exits_cleanly(tg, 
     assert await asyncio.wait_for(proc.wait(), 10) == 0
 
 
+def _getter(d):
+    """GET a path of the daemon's API: (status, body), an HTTP error's too."""
+
+    def get(path):
+        try:
+            with urllib.request.urlopen(d.api_url + path, timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    return get
+
+
 async def test_healthz_tells_when_replies_are_failing(tg, fake_eve, daemon_factory):
     """Issue 11: a reply that keeps failing to go out makes /healthz say so (503, the oldest
     pending reply's age) and /metrics carry it — /healthz said ok while one reply was resent for
@@ -304,12 +317,7 @@ async def test_healthz_tells_when_replies_are_failing(tg, fake_eve, daemon_facto
     await d.start()
     tg.fail("sendMessage", 502, times=10_000)
 
-    def get(path):
-        try:
-            with urllib.request.urlopen(d.api_url + path, timeout=5) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+    get = _getter(d)
 
     await tg.message("hello", user_id=OWNER)
 
@@ -338,12 +346,7 @@ async def test_healthz_tells_of_a_chat_busy_without_progress(tg, fake_eve, daemo
     d = daemon_factory(fake_eve.url, fake_eve.token, IVA_BUSY_TIMEOUT="1")
     await d.start()
 
-    def get(path):
-        try:
-            with urllib.request.urlopen(d.api_url + path, timeout=5) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+    get = _getter(d)
 
     await tg.message("first", user_id=OWNER)
     await tg.wait_texts(1)
