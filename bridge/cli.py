@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Sequence
 
 from aiogram.exceptions import (
     ClientDecodeError,
@@ -24,6 +25,7 @@ __all__ = ["main"]
 
 EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
+LINE_LIMIT = 400  # characters of a problem line; a server's long answer is cut to it
 
 
 async def _check(settings: Settings) -> int:
@@ -59,13 +61,15 @@ async def _check(settings: Settings) -> int:
                 problems.append(f"eve: {settings.eve_url} says it is not ready ({health.status})")
         except eve.EveError as exc:
             problems.append(f"eve: cannot reach {settings.eve_url}/eve/v1/health: {exc}")
+        except Exception as exc:  # iva check never shows a traceback: one line per problem
+            problems.append(f"eve: /eve/v1/health failed: {type(exc).__name__}: {exc}")
         else:
             try:
                 info = await client.info()
                 window = settings.context_window or info.context_window_tokens
                 ours = parking.threshold(window, settings.compact_percent, settings.compact_ceiling)
-                print(f"ok   eve agent: model {info.model_id}, window {info.context_window_tokens}, "
-                      f"parking threshold {ours}")
+                print(f"ok   eve agent: model {info.model_id or '(not reported)'}, "
+                      f"window {info.context_window_tokens or '(not reported)'}, parking threshold {ours}")
                 if settings.context_window and info.context_window_tokens and \
                         settings.context_window != info.context_window_tokens:
                     warnings.append(f"IVA_CONTEXT_WINDOW={settings.context_window} but eve reports "
@@ -84,11 +88,24 @@ async def _check(settings: Settings) -> int:
                 problems.append("eve: the token was rejected (IVA_EVE_TOKEN)")
             except eve.EveError as exc:
                 problems.append(f"eve: /eve/v1/info failed: {exc}")
+            except Exception as exc:  # iva check never shows a traceback: one line per problem
+                problems.append(f"eve: /eve/v1/info answered something unexpected: {type(exc).__name__}: {exc}")
+    secrets = [x for x in (settings.telegram_token, settings.eve_token, settings.api_token, settings.mcp_token) if x]
     for line in warnings:
-        print(f"warn {line}")
+        print(f"warn {one_line(line, secrets=secrets)}")
     for line in problems:
-        print(f"FAIL {line}", file=sys.stderr)
+        print(f"FAIL {one_line(line, secrets=secrets)}", file=sys.stderr)
     return EXIT_UNREACHABLE if problems else 0
+
+
+def one_line(text: str, limit: int = LINE_LIMIT, *, secrets: Sequence[str] = ()) -> str:
+    """A problem as one line: whatever a server put in its answer (line breaks, a page of HTML,
+    a 5 000-character description) is folded and cut, so each problem stays one line; a secret
+    it echoes (S5) shows as ``***``."""
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _notebook_connection(settings: Settings, raw: object) -> list[str]:
@@ -136,7 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     secrets = [settings.telegram_token, settings.eve_token, settings.api_token, settings.mcp_token]
     if args.command == "check":
         log.configure("warning", secrets=secrets)
-        return asyncio.run(_check(settings))
+        try:
+            return asyncio.run(_check(settings))
+        except KeyboardInterrupt:
+            print("iva check: interrupted", file=sys.stderr)
+            return 130
+        except Exception as exc:  # the last guard: still one line, never a traceback
+            print(f"FAIL iva check: {one_line(f'{type(exc).__name__}: {exc}')}", file=sys.stderr)
+            return EXIT_UNREACHABLE
     log.configure(settings.log_level, secrets=secrets)
     from .app import run
 
