@@ -1,11 +1,15 @@
-"""``iva run`` and ``iva check`` (also ``python -m bridge …``)."""
+"""``iva run``, ``iva check`` and ``iva status`` (also ``python -m bridge …``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import sqlite3
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from aiogram.exceptions import (
     ClientDecodeError,
@@ -19,7 +23,9 @@ import eve_client as eve
 from . import log
 from .chat import parking
 from .config import ConfigError, Settings
+from .http import OVERDUE_FACTOR
 from .sender import undecodable
+from .store import read_status
 
 __all__ = ["main"]
 
@@ -134,12 +140,79 @@ def _notebook_connection(settings: Settings, raw: object) -> list[str]:
     return []
 
 
+def _status(args: argparse.Namespace) -> int:
+    """``iva status``: the state database as the daemon left it, read-only (works while it runs)."""
+    state = args.state or os.environ.get("IVA_STATE_DIR") or os.environ.get("STATE_DIRECTORY")
+    state_dir = Path(state.split(":")[0]) if state else Path("./var")
+    path = state_dir / "iva.sqlite3"
+    if not path.exists():
+        print(f"iva status: no state database at {path} (set IVA_STATE_DIR or --state DIR)", file=sys.stderr)
+        return 1
+    try:
+        snapshot = read_status(path)
+    except sqlite3.Error as exc:
+        print(f"iva status: cannot read {path}: {one_line(str(exc))}", file=sys.stderr)
+        return 1
+    try:
+        busy_timeout = float(os.environ.get("IVA_BUSY_TIMEOUT") or 900)
+    except ValueError:
+        busy_timeout = 900.0
+    for chat in snapshot["chats"]:
+        quiet = chat["no_progress_for_s"]
+        chat["overdue"] = bool(quiet is not None and not chat["waiting_on_person"]
+                               and quiet > busy_timeout * OVERDUE_FACTOR)
+    if args.json:
+        print(json.dumps(snapshot, ensure_ascii=False, indent=2))
+        return 0
+    print(f"{path}: {snapshot['chats_known']} chats, {snapshot['busy_chats']} busy, "
+          f"{snapshot['queued']} messages waiting, {snapshot['replies_pending']} replies pending")
+    if not snapshot["chats"]:
+        print("nothing busy, waiting or failing")
+        return 0
+    head = ("chat", "state", "for", "queued", "replies", "last error")
+    table = [head]
+    for chat in snapshot["chats"]:
+        if chat["status"] == "busy":
+            what = chat["kind"] or "busy"
+            if chat["origin"]:
+                what += f" ({chat['origin']})"
+            if chat["waiting_on_person"]:
+                what += ", asking"
+            if chat["overdue"]:
+                what += ", OVERDUE"
+            since = _duration(chat["busy_for_s"])
+        else:
+            what, since = "idle", ""
+        queued = str(chat["queued"]) + (f" +{chat['in_flight']} in turn" if chat["in_flight"] else "")
+        replies = str(chat["replies_pending"]) + (
+            f" (oldest {_duration(chat['oldest_pending_reply_s'])})" if chat["replies_pending"] else "")
+        table.append((chat["address"], what, since, queued, replies, chat["last_error"] or ""))
+    widths = [max(len(row[i]) for row in table) for i in range(len(head) - 1)]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    return 0
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    s = int(seconds)
+    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="iva", description="Iva: a Telegram bridge for eve agents")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("run", help="run the bridge (configured by IVA_* environment variables)")
     sub.add_parser("check", help="validate the configuration and reach Telegram and eve")
+    status = sub.add_parser("status", help="what the state database says: busy chats, queues, pending replies, "
+                            "errors (read-only; works while the bridge runs)")
+    status.add_argument("--state", metavar="DIR", help="the state directory (default: IVA_STATE_DIR, "
+                        "$STATE_DIRECTORY, ./var)")
+    status.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     args = parser.parse_args(argv)
+    if args.command == "status":  # needs no configuration: only the database
+        return _status(args)
 
     try:
         settings = Settings.from_env()
