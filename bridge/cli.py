@@ -1,10 +1,15 @@
-"""``iva run`` and ``iva check`` (also ``python -m bridge …``)."""
+"""``iva run``, ``iva check`` and ``iva status`` (also ``python -m bridge …``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import sqlite3
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 from aiogram.exceptions import (
     ClientDecodeError,
@@ -18,12 +23,15 @@ import eve_client as eve
 from . import log
 from .chat import parking
 from .config import ConfigError, Settings
+from .http import OVERDUE_FACTOR
 from .sender import undecodable
+from .store import read_status
 
 __all__ = ["main"]
 
 EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
+LINE_LIMIT = 400  # characters of a problem line; a server's long answer is cut to it
 
 
 async def _check(settings: Settings) -> int:
@@ -59,13 +67,15 @@ async def _check(settings: Settings) -> int:
                 problems.append(f"eve: {settings.eve_url} says it is not ready ({health.status})")
         except eve.EveError as exc:
             problems.append(f"eve: cannot reach {settings.eve_url}/eve/v1/health: {exc}")
+        except Exception as exc:  # iva check never shows a traceback: one line per problem
+            problems.append(f"eve: /eve/v1/health failed: {type(exc).__name__}: {exc}")
         else:
             try:
                 info = await client.info()
                 window = settings.context_window or info.context_window_tokens
                 ours = parking.threshold(window, settings.compact_percent, settings.compact_ceiling)
-                print(f"ok   eve agent: model {info.model_id}, window {info.context_window_tokens}, "
-                      f"parking threshold {ours}")
+                print(f"ok   eve agent: model {info.model_id or '(not reported)'}, "
+                      f"window {info.context_window_tokens or '(not reported)'}, parking threshold {ours}")
                 if settings.context_window and info.context_window_tokens and \
                         settings.context_window != info.context_window_tokens:
                     warnings.append(f"IVA_CONTEXT_WINDOW={settings.context_window} but eve reports "
@@ -84,11 +94,24 @@ async def _check(settings: Settings) -> int:
                 problems.append("eve: the token was rejected (IVA_EVE_TOKEN)")
             except eve.EveError as exc:
                 problems.append(f"eve: /eve/v1/info failed: {exc}")
+            except Exception as exc:  # iva check never shows a traceback: one line per problem
+                problems.append(f"eve: /eve/v1/info answered something unexpected: {type(exc).__name__}: {exc}")
+    secrets = [x for x in (settings.telegram_token, settings.eve_token, settings.api_token, settings.mcp_token) if x]
     for line in warnings:
-        print(f"warn {line}")
+        print(f"warn {one_line(line, secrets=secrets)}")
     for line in problems:
-        print(f"FAIL {line}", file=sys.stderr)
+        print(f"FAIL {one_line(line, secrets=secrets)}", file=sys.stderr)
     return EXIT_UNREACHABLE if problems else 0
+
+
+def one_line(text: str, limit: int = LINE_LIMIT, *, secrets: Sequence[str] = ()) -> str:
+    """A problem as one line: whatever a server put in its answer (line breaks, a page of HTML,
+    a 5 000-character description) is folded and cut, so each problem stays one line; a secret
+    it echoes (S5) shows as ``***``."""
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _notebook_connection(settings: Settings, raw: object) -> list[str]:
@@ -117,12 +140,79 @@ def _notebook_connection(settings: Settings, raw: object) -> list[str]:
     return []
 
 
+def _status(args: argparse.Namespace) -> int:
+    """``iva status``: the state database as the daemon left it, read-only (works while it runs)."""
+    state = args.state or os.environ.get("IVA_STATE_DIR") or os.environ.get("STATE_DIRECTORY")
+    state_dir = Path(state.split(":")[0]) if state else Path("./var")
+    path = state_dir / "iva.sqlite3"
+    if not path.exists():
+        print(f"iva status: no state database at {path} (set IVA_STATE_DIR or --state DIR)", file=sys.stderr)
+        return 1
+    try:
+        snapshot = read_status(path)
+    except sqlite3.Error as exc:
+        print(f"iva status: cannot read {path}: {one_line(str(exc))}", file=sys.stderr)
+        return 1
+    try:
+        busy_timeout = float(os.environ.get("IVA_BUSY_TIMEOUT") or 900)
+    except ValueError:
+        busy_timeout = 900.0
+    for chat in snapshot["chats"]:
+        quiet = chat["no_progress_for_s"]
+        chat["overdue"] = bool(quiet is not None and not chat["waiting_on_person"]
+                               and quiet > busy_timeout * OVERDUE_FACTOR)
+    if args.json:
+        print(json.dumps(snapshot, ensure_ascii=False, indent=2))
+        return 0
+    print(f"{path}: {snapshot['chats_known']} chats, {snapshot['busy_chats']} busy, "
+          f"{snapshot['queued']} messages waiting, {snapshot['replies_pending']} replies pending")
+    if not snapshot["chats"]:
+        print("nothing busy, waiting or failing")
+        return 0
+    head = ("chat", "state", "for", "queued", "replies", "last error")
+    table = [head]
+    for chat in snapshot["chats"]:
+        if chat["status"] == "busy":
+            what = chat["kind"] or "busy"
+            if chat["origin"]:
+                what += f" ({chat['origin']})"
+            if chat["waiting_on_person"]:
+                what += ", asking"
+            if chat["overdue"]:
+                what += ", OVERDUE"
+            since = _duration(chat["busy_for_s"])
+        else:
+            what, since = "idle", ""
+        queued = str(chat["queued"]) + (f" +{chat['in_flight']} in turn" if chat["in_flight"] else "")
+        replies = str(chat["replies_pending"]) + (
+            f" (oldest {_duration(chat['oldest_pending_reply_s'])})" if chat["replies_pending"] else "")
+        table.append((chat["address"], what, since, queued, replies, chat["last_error"] or ""))
+    widths = [max(len(row[i]) for row in table) for i in range(len(head) - 1)]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    return 0
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    s = int(seconds)
+    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="iva", description="Iva: a Telegram bridge for eve agents")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("run", help="run the bridge (configured by IVA_* environment variables)")
     sub.add_parser("check", help="validate the configuration and reach Telegram and eve")
+    status = sub.add_parser("status", help="what the state database says: busy chats, queues, pending replies, "
+                            "errors (read-only; works while the bridge runs)")
+    status.add_argument("--state", metavar="DIR", help="the state directory (default: IVA_STATE_DIR, "
+                        "$STATE_DIRECTORY, ./var)")
+    status.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     args = parser.parse_args(argv)
+    if args.command == "status":  # needs no configuration: only the database
+        return _status(args)
 
     try:
         settings = Settings.from_env()
@@ -136,7 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     secrets = [settings.telegram_token, settings.eve_token, settings.api_token, settings.mcp_token]
     if args.command == "check":
         log.configure("warning", secrets=secrets)
-        return asyncio.run(_check(settings))
+        try:
+            return asyncio.run(_check(settings))
+        except KeyboardInterrupt:
+            print("iva check: interrupted", file=sys.stderr)
+            return 130
+        except Exception as exc:  # the last guard: still one line, never a traceback
+            print(f"FAIL iva check: {one_line(f'{type(exc).__name__}: {exc}')}", file=sys.stderr)
+            return EXIT_UNREACHABLE
     log.configure(settings.log_level, secrets=secrets)
     from .app import run
 

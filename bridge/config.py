@@ -29,7 +29,33 @@ DEFAULT_MAX_FILE_MB = 20  # the Bot API's getFile limit
 DEFAULT_RETENTION_DAYS = 14
 DEFAULT_TRANSCRIBE_TIMEOUT = 60.0
 
-_TOKEN = re.compile(r"^\d{3,}:[A-Za-z0-9_-]{20,}$")
+_TOKEN_SECRET = re.compile(r"[A-Za-z0-9_-]+")
+_TOKEN_SECRET_MIN = 20  # BotFather's secrets are 35 characters; the fakes' are shorter
+
+
+def token_problem(token: str) -> str | None:
+    """What is wrong with a bot token's shape (``<bot id>:<secret>``, as @BotFather gives it:
+    ``123456789:AAE…`` — digits, a colon, 35 letters, digits, ``-`` and ``_``), else None. The
+    message never repeats the token."""
+    name = "IVA_TELEGRAM_TOKEN"
+    if ":" not in token:
+        return (f"{name} does not look like a bot token: it has no ':' — a bot token is <bot id>:<secret>, "
+                "e.g. 123456789:AAEhBOweik6ad9r_QXMENQjcrGbqCr4K-bs (copy it whole from @BotFather)")
+    bot_id, _, secret = token.partition(":")
+    problems = []
+    if not (bot_id.isascii() and bot_id.isdigit() and len(bot_id) >= 3):
+        problems.append("the part before ':' must be the bot's numeric id (3 or more digits)")
+    if not _TOKEN_SECRET.fullmatch(secret):
+        bad = sorted({c for c in secret if not (c.isascii() and (c.isalnum() or c in "-_"))})
+        what = "it is empty" if not secret else \
+            "it contains " + ", ".join("a space" if c == " " else repr(c) for c in bad)
+        problems.append(f"the part after ':' must be letters, digits, '-' and '_' only ({what})")
+    elif len(secret) < _TOKEN_SECRET_MIN:
+        problems.append(f"the part after ':' must be at least {_TOKEN_SECRET_MIN} characters "
+                        f"(it has {len(secret)}; @BotFather's have 35)")
+    if not problems:
+        return None
+    return f"{name} does not look like a bot token: " + "; ".join(problems)
 
 
 def is_loopback(listen: str) -> bool:
@@ -210,8 +236,8 @@ class Settings:
         token = get("IVA_TELEGRAM_TOKEN")
         if token is None:
             problems.append("IVA_TELEGRAM_TOKEN is required (the bot token from @BotFather)")
-        elif not _TOKEN.match(token):
-            problems.append("IVA_TELEGRAM_TOKEN does not look like a bot token (digits:secret)")
+        elif (problem := token_problem(token)) is not None:
+            problems.append(problem)
         eve_url = url("IVA_EVE_URL", None)
         api_url = url("IVA_TELEGRAM_API_URL", DEFAULT_TELEGRAM_API_URL)
         owners = ids("IVA_OWNER_IDS")

@@ -90,6 +90,8 @@ class Listener:
             await self._runner.cleanup()
 
     async def _refresh(self) -> tuple[int, int, int, int, float | None]:
+        last = self.ingest.last_poll_ok  # first: set even when the database does not answer
+        METRICS.poll_age.set(round(time.time() - (self.started if last is None else last), 1))
         queued = await self.queue.depth()
         by_kind = await self.store.busy_by_kind()
         busy = sum(by_kind.values())

@@ -31,6 +31,8 @@ class _Metrics:
                              "(a question waiting on the person aside)", registry=r)
         self.oldest_reply = Gauge("iva_oldest_pending_reply_seconds", "Age of the oldest reply not yet sent",
                                   registry=r)
+        self.poll_age = Gauge("iva_telegram_poll_age_seconds", "Seconds since the last successful getUpdates "
+                              "(since start when none yet); /healthz turns 503 above 120", registry=r)
         self.turn_seconds = Histogram(
             "iva_turn_seconds", "Turn duration", registry=r,
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900),

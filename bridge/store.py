@@ -14,6 +14,7 @@ import json
 import sqlite3
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from diskqueue import Database
@@ -21,7 +22,7 @@ from diskqueue import Database
 from .payloads import Kind, Origin
 
 __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "Outgoing",
-           "Store"]
+           "Store", "read_status"]
 
 SCHEMA_VERSION = 7
 
@@ -584,3 +585,69 @@ class Store:
             "UPDATE outbox SET state = 'failed', sent_at = ? WHERE address = ? AND state = 'pending'",
             (time.time(), address),
         )
+
+
+def read_status(path: Path, *, now: float | None = None) -> dict[str, Any]:
+    """What ``iva status`` shows, read from the state database at ``path`` without ever writing
+    or locking it: a read-only connection (``mode=ro``), one read transaction (a consistent
+    snapshot under WAL, taken while the daemon writes), no migration. Raises
+    :class:`sqlite3.Error` (e.g. ``unable to open database file``) for the caller to name.
+
+    Per chat that has anything to show (busy, messages waiting, replies pending, or a recorded
+    error): its state, the queue and outbox counts, and the last error the store keeps —
+    blocked (and why), the last reply given up on, failed compactions, a failed notebook rebuild."""
+    now = time.time() if now is None else now
+    uri = f"{path.resolve().as_uri()}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, timeout=5.0, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    try:
+        conn.execute("BEGIN")  # deferred: a read snapshot, never a write lock
+        queue = {r["address"]: (r["queued"], r["inflight"]) for r in conn.execute(
+            "SELECT address, sum(state = 0) AS queued, sum(state = 1) AS inflight FROM diskqueue_messages "
+            "WHERE state IN (0, 1) GROUP BY address")}
+        outbox = {r["address"]: r for r in conn.execute(
+            "SELECT address, sum(state = 'pending') AS pending, min(CASE WHEN state = 'pending' THEN created_at END) "
+            "AS oldest_pending, max(CASE WHEN state = 'failed' THEN coalesce(sent_at, created_at) END) AS last_failed "
+            "FROM outbox WHERE state IN ('pending', 'failed') GROUP BY address")}
+        chats = conn.execute("SELECT * FROM chats ORDER BY address").fetchall()
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+    def age(at: float | None) -> float | None:
+        return None if at is None else round(max(0.0, now - at), 1)
+
+    rows: list[dict[str, Any]] = []
+    for chat in chats:
+        address = chat["address"]
+        queued, inflight = queue.get(address, (0, 0))
+        box = outbox.get(address)
+        pending = int(box["pending"]) if box is not None else 0
+        errors: list[str] = []
+        if chat["blocked"]:
+            errors.append(f"blocked: {chat['blocked_reason'] or 'no reason recorded'}")
+        if box is not None and box["last_failed"] is not None:
+            errors.append(f"a reply was given up on {age(box['last_failed']):.0f}s ago")
+        if chat["compact_failures"]:
+            errors.append(f"compaction failed {chat['compact_failures']}x in a row")
+        if chat["notes_rebuild_failed"] is not None:
+            errors.append("the notebook rebuild failed")
+        busy = chat["status"] == "busy"
+        if not (busy or queued or inflight or pending or errors):
+            continue
+        rows.append({
+            "address": address, "status": chat["status"], "kind": chat["kind"] if busy else None,
+            "origin": chat["origin"] if busy else None, "busy_for_s": age(chat["busy_since"]) if busy else None,
+            "no_progress_for_s": age(chat["progress_at"]) if busy else None,
+            "waiting_on_person": bool(chat["waiting_input"]) if busy else False,
+            "compact_phase": chat["compact_phase"], "queued": int(queued or 0), "in_flight": int(inflight or 0),
+            "replies_pending": pending,
+            "oldest_pending_reply_s": age(box["oldest_pending"]) if box is not None else None,
+            "last_error": errors[-1] if errors else None, "errors": errors,
+        })
+    return {
+        "database": str(path), "at": now, "chats_known": len(chats),
+        "busy_chats": sum(r["status"] == "busy" for r in rows),
+        "queued": sum(r["queued"] for r in rows), "replies_pending": sum(r["replies_pending"] for r in rows),
+        "chats": rows,
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,9 @@ class AgentInfo:
         window = model.get("contextWindowTokens")
         return cls(
             model_id=model.get("id") if isinstance(model.get("id"), str) else None,
-            context_window_tokens=int(window) if isinstance(window, int | float) and window > 0 else None,
+            # not a bool, not NaN or ±Infinity (which Python's JSON reader accepts): int() of those raises
+            context_window_tokens=int(window) if isinstance(window, int | float) and not isinstance(window, bool)
+            and math.isfinite(window) and window >= 1 else None,
             raw=raw,
         )
 

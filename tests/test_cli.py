@@ -6,6 +6,8 @@ import asyncio
 import os
 import sys
 
+import pytest
+
 from tests.conftest import OWNER, ROOT
 from tests.fakes.telegram import TOKEN
 
@@ -80,3 +82,82 @@ async def test_check_names_the_field_of_a_getme_it_cannot_read(tg, fake_eve):
     assert "Traceback" not in out
     line = next(x for x in out.splitlines() if x.startswith("FAIL telegram"))
     assert "not a Bot API user" in line and "result" in line, line
+
+
+_ME = {"ok": True, "result": {"id": 1, "is_bot": True, "first_name": "x", "username": "odd_bot"}}
+_LONG = "line one\nline two " + "x" * 5000
+
+
+def _odd_answer(kind: str):
+    """What an odd server answers: to every path, or (``info:…``) only to eve's /info."""
+    from aiohttp import web
+
+    def answer(what: str) -> web.Response:
+        if what == "html":
+            return web.Response(text="<html>\n<body>Welcome to nginx!</body>\n</html>", content_type="text/html")
+        if what == "500":
+            return web.Response(status=500, text=_LONG)
+        if what == "badjson":
+            return web.Response(text="{not json", content_type="application/json")
+        if what == "list":
+            return web.json_response([1, 2])
+        if what == "infinity":  # Python's JSON reader takes it; int() of it raises
+            return web.Response(text='{"agent": {"model": {"id": "m", "contextWindowTokens": Infinity}}}',
+                                content_type="application/json")
+        if what == "tg500":
+            return web.json_response({"ok": False, "error_code": 500, "description": _LONG}, status=500)
+        raise AssertionError(what)
+
+    async def handle(request: web.Request) -> web.Response:
+        path = request.path
+        if kind.startswith("info:"):
+            if path.endswith("/getMe"):
+                return web.json_response(_ME)
+            if path.endswith("/health"):
+                return web.json_response({"ok": True, "status": "ok"})
+            return answer(kind.partition(":")[2])
+        return answer(kind)
+
+    return handle
+
+
+async def _odd_server(kind: str):
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", _odd_answer(kind))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("kind", ["html", "500", "badjson", "list", "tg500", "info:html", "info:badjson",
+                                  "info:list", "info:500", "info:infinity", "closed"])
+async def test_check_shows_no_traceback_whatever_a_server_answers(kind: str):
+    """Issue 15: whatever the Bot API or eve answer — a web page, a 500 with a page of text, broken
+    JSON, the wrong JSON, nothing at all — ``iva check`` prints one line per problem (ok / warn /
+    note / FAIL), never a traceback, never a line of the server's own text, and exits 3."""
+    runner = None
+    if kind == "closed":
+        url = "http://127.0.0.1:9"
+    else:
+        runner, url = await _odd_server(kind)
+    try:
+        code, out = await _check({"IVA_TELEGRAM_TOKEN": TOKEN, "IVA_TELEGRAM_API_URL": url, "IVA_EVE_URL": url,
+                                  "IVA_EVE_TOKEN": "x", "IVA_OWNER_IDS": str(OWNER), "IVA_NOTES_ENABLED": "0"})
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+    assert "Traceback" not in out, out
+    if kind == "info:infinity":  # an unreadable window is "not reported", not a crash
+        assert code == 0 and "window (not reported)" in out, out
+        return
+    assert code == 3, out
+    lines = out.splitlines()
+    assert lines and all(x.split(" ", 1)[0] in ("ok", "warn", "note", "FAIL") for x in lines), out
+    assert all(len(x) <= 420 for x in lines), out
+    assert any(x.startswith("FAIL eve" if kind.startswith("info:") else "FAIL telegram") for x in lines), out
+    assert TOKEN.partition(":")[2] not in out

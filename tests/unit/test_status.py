@@ -1,0 +1,98 @@
+"""Issue 15: ``iva status`` reads the state database read-only — while another connection holds
+the write lock (as the daemon does mid-transaction) — and shows busy chats with their kind and
+age, queue depth, pending replies and the last recorded error, as a table or as JSON."""
+
+from __future__ import annotations
+
+import io
+import json
+import sqlite3
+import time
+from contextlib import redirect_stdout
+from pathlib import Path
+
+from bridge.chat.transitions import Transitions
+from bridge.cli import main
+from bridge.payloads import QueuedMessage
+from bridge.state import open_state
+
+BUSY, WAITING, BLOCKED, QUIET = "101", "202", "303", "404"
+
+
+async def _build(state_dir: Path) -> Path:
+    """Four chats: one busy with a turn and a message waiting behind it, one with a reply pending
+    and one given up on, one blocked, one idle with nothing to show."""
+    state_dir.mkdir()
+    opened = await open_state(state_dir / "iva.sqlite3")
+    tr = Transitions(opened.store, opened.queue)
+    try:
+        for address in (BUSY, WAITING, BLOCKED, QUIET):
+            await opened.store.touch_chat(address, int(address), None, "en")
+        for n in (1, 2):
+            msg = QueuedMessage(text=f"m{n}", message_id=n, user_id=1, user_name="Ann", owner=True, private=True)
+            await opened.queue.enqueue(BUSY, msg.to_payload(), dedupe_key=f"tg:{BUSY}:{n}")
+        claim = await tr.claim_turn(BUSY, limit=1)
+        assert claim is not None
+        await opened.store.update_chat(BUSY, busy_since=time.time() - 125, progress_at=time.time() - 5)
+        await opened.store.put_outgoing(WAITING, "k0", int(WAITING), None, "lost")
+        await opened.store.put_outgoing(WAITING, "k1", int(WAITING), None, "hello")
+        lost = next(o for o in await opened.store.pending_outgoing(WAITING) if o.key == "k0")
+        await opened.store.finish_outgoing(lost.id, "failed")
+        await opened.store.block_chat(int(BLOCKED), "Forbidden: bot was blocked by the user")
+    finally:
+        await opened.db.close()
+    return state_dir / "iva.sqlite3"
+
+
+def _run(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(["status", *argv])
+    print(out.getvalue())  # shown with -s: what an operator sees
+    return code, out.getvalue()
+
+
+async def test_status_reads_while_another_connection_holds_the_write_lock(tmp_path: Path):
+    db = await _build(tmp_path / "state")
+    writer = sqlite3.connect(db, isolation_level=None, timeout=0.1)
+    writer.execute("BEGIN IMMEDIATE")  # the daemon mid-transaction: nobody else may write now
+    writer.execute("UPDATE chats SET lang = 'ru' WHERE address = ?", (QUIET,))
+    before = db.stat().st_mtime_ns, sorted(p.name for p in db.parent.iterdir())
+    try:
+        code, out = _run("--state", str(db.parent), "--json")
+        assert code == 0, out
+        code_t, table = _run("--state", str(db.parent))
+        assert code_t == 0, table
+        assert (db.stat().st_mtime_ns, sorted(p.name for p in db.parent.iterdir())) == before  # wrote nothing
+        assert writer.in_transaction  # the lock was held throughout
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+
+    snap = json.loads(out)
+    chats = {c["address"]: c for c in snap["chats"]}
+    assert set(chats) == {BUSY, WAITING, BLOCKED}  # the quiet chat has nothing to show
+    busy = chats[BUSY]
+    assert (busy["status"], busy["kind"], busy["queued"], busy["in_flight"]) == ("busy", "turn", 1, 1)
+    assert 120 <= busy["busy_for_s"] < 200 and busy["overdue"] is False
+    assert chats[WAITING]["replies_pending"] == 1 and chats[WAITING]["oldest_pending_reply_s"] is not None
+    assert chats[WAITING]["last_error"].startswith("a reply was given up on")
+    assert chats[BLOCKED]["last_error"] == "blocked: Forbidden: bot was blocked by the user"
+    assert (snap["busy_chats"], snap["queued"], snap["replies_pending"], snap["chats_known"]) == (1, 1, 1, 4)
+
+    lines = table.splitlines()
+    assert "4 chats, 1 busy, 1 messages waiting, 1 replies pending" in lines[0]
+    row = next(x for x in lines if x.startswith(BUSY))
+    assert "turn" in row and "2m" in row and "1 +1 in turn" in row
+    assert "blocked: Forbidden" in next(x for x in lines if x.startswith(BLOCKED))
+
+
+async def test_status_uses_iva_state_dir_and_names_a_missing_database(tmp_path: Path, monkeypatch, capsys):
+    db = await _build(tmp_path / "state")
+    monkeypatch.setenv("IVA_STATE_DIR", str(db.parent))
+    code, out = _run("--json")
+    assert code == 0 and json.loads(out)["chats_known"] == 4
+    monkeypatch.setenv("IVA_STATE_DIR", str(tmp_path / "nowhere"))
+    code, out = _run()
+    assert code == 1 and "no state database at" in capsys.readouterr().err
+    assert not (tmp_path / "nowhere").exists()  # read-only: nothing created
