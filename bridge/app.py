@@ -35,6 +35,7 @@ from .notebook import McpServer, Notebook, NotebookConfig, OwnerApi, PressureTex
 from .sender import Sender, undecodable
 from .state import StateCorrupt, StateUnavailable, open_state
 from .texts import t
+from .webhook import Webhook
 
 __all__ = ["Bridge", "make_bot", "run"]
 
@@ -113,7 +114,8 @@ class Bridge:
                 logger.warning("set_my_commands_failed", error=str(exc))
 
     async def _watchdog(self, ingest: Ingest) -> None:
-        """Ping systemd only while the polling loop goes round; a wedged loop gets restarted."""
+        """Ping systemd only while the polling loop (in webhook mode: the webhook's run loop, with no
+        commit stuck) goes round; a wedged loop gets restarted."""
         interval = systemd.watchdog_interval()
         if interval is None:
             return
@@ -166,8 +168,13 @@ class Bridge:
                     logger.warning("mcp_without_token", listen=s.api_listen,
                                    fix="set IVA_MCP_TOKEN, and the same value as NOTEBOOK_MCP_TOKEN where eve builds")
                 routes.append(McpServer(notebook, store, token=s.mcp_token).routes)
+            webhook = None
+            if s.webhook_url is not None:  # issue 15: Telegram calls us instead of being polled
+                assert s.webhook_secret is not None  # Settings.from_env requires it
+                webhook = Webhook(ingest, url=s.webhook_url, secret=s.webhook_secret, listen=s.webhook_listen)
             listener = Listener(s.api_listen, store=store, queue=queue, ingest=ingest, routes=routes,
-                                busy_timeout=s.busy_timeout, reply_stale_after=s.health_reply_seconds)
+                                busy_timeout=s.busy_timeout, reply_stale_after=s.health_reply_seconds,
+                                webhook=webhook)
             try:
                 await listener.start()
                 stack.push_async_callback(listener.stop)
@@ -183,10 +190,10 @@ class Bridge:
             self.spawn(self._commands(bot))
             self.spawn(self._learn_window(client, services.window, services))
             systemd.notify("READY=1", f"STATUS=serving @{me.username}")
-            logger.info("bridge_ready", recovering=recovered)
+            logger.info("bridge_ready", recovering=recovered, mode="polling" if webhook is None else "webhook")
             try:
                 async with asyncio.TaskGroup() as group:
-                    group.create_task(ingest.run(), name="ingest")
+                    group.create_task(ingest.run() if webhook is None else webhook.run(), name="ingest")
                     group.create_task(self._watchdog(ingest), name="watchdog")
                     group.create_task(self._stop_watcher(), name="stop")
                     if s.retention_days is not None:  # F7: at once, then hourly, in small batches

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from aiogram import Bot
 from aiogram.exceptions import (
     ClientDecodeError,
     TelegramAPIError,
@@ -54,6 +55,8 @@ async def _check(settings: Settings) -> int:
                         f"API user: {undecodable(exc)}")
     except Exception as exc:  # iva check never shows a traceback: one line per problem
         problems.append(f"telegram: getMe failed: {type(exc).__name__}: {exc}")
+    else:
+        problems.extend(await _webhook(settings, bot))
     finally:
         await bot.session.close()
 
@@ -112,6 +115,42 @@ def one_line(text: str, limit: int = LINE_LIMIT, *, secrets: Sequence[str] = ())
         text = text.replace(secret, "***")
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+async def _webhook(settings: Settings, bot: Bot) -> list[str]:
+    """Issue 15: webhook mode needs an https URL and Telegram reporting no delivery error for it;
+    polling mode is told about a webhook still set (Iva deletes it at start, keeping its updates)."""
+    problems: list[str] = []
+    url = settings.webhook_url
+    if url is not None and not url.lower().startswith("https://"):
+        problems.append(f"webhook: IVA_TELEGRAM_WEBHOOK_URL={url} is not https: Telegram only calls https URLs "
+                        "(end TLS at a reverse proxy in front of IVA_WEBHOOK_LISTEN)")
+    try:
+        info = await bot.get_webhook_info(request_timeout=10)
+    except Exception as exc:  # one line, never a traceback, whatever the server answers
+        if url is None:  # polling: only a note (Iva deletes a webhook still set at start)
+            print("note " + one_line(f"webhook: not known, getWebhookInfo failed: {type(exc).__name__}: {exc}"))
+        else:
+            problems.append(one_line(f"webhook: getWebhookInfo failed: {type(exc).__name__}: {exc}"))
+        return problems
+    if url is None:
+        if info.url:
+            print(f"note webhook: Telegram has a webhook set ({info.url}, {info.pending_update_count} updates "
+                  "pending); Iva polls, so it deletes it at start and gets those updates by polling")
+        else:
+            print("ok   telegram: polling (no webhook set)")
+        return problems
+    if not info.url:
+        print(f"note webhook: not set yet; Iva sets it to {url} at start")
+    elif info.url != url:
+        print(f"note webhook: Telegram has {info.url} set; Iva sets it to {url} at start")
+    elif info.last_error_message:
+        when = f" at {info.last_error_date:%Y-%m-%d %H:%M:%S %Z}" if info.last_error_date is not None else ""
+        problems.append(f"webhook: Telegram's last delivery to {url} failed{when}: {info.last_error_message} "
+                        f"({info.pending_update_count} updates pending)")
+    else:
+        print(f"ok   webhook: Telegram delivers to {url} ({info.pending_update_count} updates pending)")
+    return problems
 
 
 def _notebook_connection(settings: Settings, raw: object) -> list[str]:
@@ -223,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
 
     # S5: no secret in any log line, whatever a library puts in an error text.
-    secrets = [settings.telegram_token, settings.eve_token, settings.api_token, settings.mcp_token]
+    secrets = [settings.telegram_token, settings.eve_token, settings.api_token, settings.mcp_token,
+               settings.webhook_secret]
     if args.command == "check":
         log.configure("warning", secrets=secrets)
         try:

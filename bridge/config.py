@@ -25,6 +25,7 @@ DEFAULT_HEALTH_REPLY_SECONDS = 120.0
 DEFAULT_MAX_TURNS = 16
 DEFAULT_BATCH = 10
 DEFAULT_API_LISTEN = "127.0.0.1:8787"
+DEFAULT_WEBHOOK_LISTEN = "127.0.0.1:8443"  # issue 15: TLS is the reverse proxy's job
 DEFAULT_MAX_FILE_MB = 20  # the Bot API's getFile limit
 DEFAULT_RETENTION_DAYS = 14
 DEFAULT_TRANSCRIBE_TIMEOUT = 60.0
@@ -56,6 +57,10 @@ def token_problem(token: str) -> str | None:
     if not problems:
         return None
     return f"{name} does not look like a bot token: " + "; ".join(problems)
+
+
+_WEBHOOK_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")  # what setWebhook's secret_token allows
+_LISTEN = re.compile(r"(\[[0-9a-fA-F:]+\]|[\w.-]+):\d{1,5}")
 
 
 def is_loopback(listen: str) -> bool:
@@ -108,6 +113,11 @@ class Settings:
     api_listen: str = DEFAULT_API_LISTEN
     api_token: str | None = field(default=None, repr=False)
     mcp_token: str | None = field(default=None, repr=False)
+    # Webhook mode (issue 15): Telegram calls this URL (through the operator's TLS proxy) and Iva
+    # serves it on webhook_listen; None: Iva polls getUpdates.
+    webhook_url: str | None = None
+    webhook_secret: str | None = field(default=None, repr=False)
+    webhook_listen: str = DEFAULT_WEBHOOK_LISTEN
     max_turns: int = DEFAULT_MAX_TURNS
     batch_size: int = DEFAULT_BATCH
     max_file_mb: int = DEFAULT_MAX_FILE_MB
@@ -269,8 +279,31 @@ class Settings:
         state_dir = Path(state.split(":")[0]) if state else Path("./var")
 
         listen = get("IVA_API_LISTEN") or DEFAULT_API_LISTEN
-        if not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[\w.-]+):\d{1,5}", listen):
+        if not _LISTEN.fullmatch(listen):
             problems.append(f"IVA_API_LISTEN={listen!r} must be host:port, e.g. 127.0.0.1:8787")
+
+        # Webhook mode (issue 15). The URL is not required to be https here: Telegram refuses
+        # anything else at setWebhook, and `iva check` says so; a local Bot API server or a test
+        # fake may call plain http.
+        webhook_url = get("IVA_TELEGRAM_WEBHOOK_URL")
+        webhook_secret = get("IVA_TELEGRAM_WEBHOOK_SECRET")
+        webhook_listen = get("IVA_WEBHOOK_LISTEN") or DEFAULT_WEBHOOK_LISTEN
+        if webhook_url is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", webhook_url):
+            problems.append(f"IVA_TELEGRAM_WEBHOOK_URL={webhook_url!r} is not an https URL (no query or fragment), "
+                            "e.g. https://bot.example.org/telegram")
+        if webhook_url is not None and webhook_secret is None:
+            problems.append("IVA_TELEGRAM_WEBHOOK_URL needs IVA_TELEGRAM_WEBHOOK_SECRET: 1-256 characters of "
+                            "A-Z a-z 0-9 _ - that Telegram sends with every update (and nobody else knows)")
+        if webhook_secret is not None and not _WEBHOOK_SECRET.fullmatch(webhook_secret):
+            problems.append("IVA_TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z a-z 0-9 _ - "
+                            f"(it has {len(webhook_secret)}, or a character Telegram does not allow)")
+        if webhook_secret is not None and webhook_url is None:
+            problems.append("IVA_TELEGRAM_WEBHOOK_SECRET is set but IVA_TELEGRAM_WEBHOOK_URL is not: set the URL "
+                            "for webhook mode, or remove the secret to poll")
+        if not _LISTEN.fullmatch(webhook_listen):
+            problems.append(f"IVA_WEBHOOK_LISTEN={webhook_listen!r} must be host:port, e.g. {DEFAULT_WEBHOOK_LISTEN}")
+        elif webhook_url is not None and webhook_listen == listen:
+            problems.append(f"IVA_WEBHOOK_LISTEN and IVA_API_LISTEN are both {listen}: give them different ports")
 
         level = (get("IVA_LOG_LEVEL") or "info").lower()
         if level not in ("debug", "info", "warning", "error"):
@@ -330,6 +363,9 @@ class Settings:
             api_listen=listen,
             api_token=api_token,
             mcp_token=mcp_token,
+            webhook_url=webhook_url,
+            webhook_secret=webhook_secret,
+            webhook_listen=webhook_listen,
             log_level=level,
             notes_enabled=notes_enabled,
             notes_connection=connection,

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from .ingest import Ingest
     from .store import Store
+    from .webhook import Webhook
 
 __all__ = ["Listener", "bearer_matches", "browser_origin", "not_json"]
 
@@ -58,7 +59,7 @@ def bearer_matches(request: web.BaseRequest, token: str) -> bool:
 class Listener:
     def __init__(self, listen: str, *, store: Store, queue: DiskQueue, ingest: Ingest,
                  routes: Sequence[Callable[[web.Application], None]] = (), busy_timeout: float = 900.0,
-                 reply_stale_after: float = REPLY_STALE_AFTER) -> None:
+                 reply_stale_after: float = REPLY_STALE_AFTER, webhook: Webhook | None = None) -> None:
         self.busy_timeout = busy_timeout
         self.reply_stale_after = reply_stale_after
         host, _, port = listen.rpartition(":")
@@ -67,6 +68,7 @@ class Listener:
         self.store = store
         self.queue = queue
         self.ingest = ingest
+        self.webhook = webhook
         self.started = time.time()
         self.extra_routes = routes
         self._runner: web.AppRunner | None = None
@@ -115,10 +117,15 @@ class Listener:
             database = f"error: {exc}"
         last = self.ingest.last_poll_ok
         poll_age = None if last is None else round(time.time() - last, 1)
-        polling = poll_age is not None and poll_age < POLL_STALE_AFTER
+        webhook: dict[str, object] | None = None
+        if self.webhook is None:
+            receiving = poll_age is not None and poll_age < POLL_STALE_AFTER
+        else:  # issue 15: Telegram's own view, from the last periodic getWebhookInfo
+            receiving, webhook = self.webhook.status.report(self.webhook.url, time.time())
         replies_flowing = reply_age is None or reply_age < self.reply_stale_after
-        ok = database == "ok" and polling and overdue == 0 and replies_flowing
-        body = {"ok": ok, "database": database, "telegram_poll_age_s": poll_age, "queued": queued,
+        ok = database == "ok" and receiving and overdue == 0 and replies_flowing
+        body = {"ok": ok, "mode": "polling" if self.webhook is None else "webhook", "database": database,
+                "telegram_poll_age_s": poll_age, "webhook": webhook, "queued": queued,
                 "busy_chats": busy, "compacting_chats": compacting, "overdue_chats": overdue,
                 "oldest_pending_reply_s": reply_age, "uptime_s": round(time.time() - self.started)}
         return web.json_response(body, status=200 if ok else 503)

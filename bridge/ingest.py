@@ -64,8 +64,35 @@ class Ingest:
         self.last_poll_ok: float | None = None
         self.alive_at = time.monotonic()  # the loop went round (the watchdog reads it)
 
+    async def leave_webhook(self) -> None:
+        """Issue 15: polling after webhook mode. A webhook still set makes getUpdates answer 409,
+        so it is deleted first — without dropping what Telegram holds, which getUpdates then hands
+        over (switching modes loses nothing). A server that cannot say (an emulator without
+        getWebhookInfo) is logged and polled anyway: a webhook would show as poll conflicts."""
+        failures = 0
+        while True:
+            try:
+                info = await self.bot.get_webhook_info(request_timeout=30)
+                if info.url:
+                    await self.bot.delete_webhook(drop_pending_updates=False, request_timeout=30)
+                    logger.info("telegram_webhook_deleted", pending=info.pending_update_count)
+                return
+            except TelegramRetryAfter as exc:
+                await asyncio.sleep(exc.retry_after)
+            except (TelegramNetworkError, TelegramServerError) as exc:
+                failures += 1
+                wait = backoff.POLL.delay(failures)
+                logger.warning("telegram_webhook_check_failed", error=str(exc), wait=round(wait, 2))
+                await asyncio.sleep(wait)
+            except (asyncio.CancelledError, StateCorrupt):
+                raise
+            except Exception as exc:
+                logger.warning("telegram_webhook_check_failed", error=str(exc)[:300], wait=None)
+                return
+
     async def run(self) -> None:
         """Poll forever; only cancellation ends it."""
+        await self.leave_webhook()
         failures = 0
         while True:
             self.alive_at = time.monotonic()

@@ -75,7 +75,10 @@ class Daemon:
         env = {**os.environ, **self.env}
         env.pop("NOTIFY_SOCKET", None)
         env.update(overrides)
-        polls = len(self.tg.calls_of("getUpdates"))
+        # Ready once it polls Telegram, or (webhook mode, issue 15) once it set its webhook, which
+        # it does only when its webhook listener serves.
+        ready = "setWebhook" if env.get("IVA_TELEGRAM_WEBHOOK_URL") else "getUpdates"
+        polls = len(self.tg.calls_of(ready))
         self.starts += 1
         with open(self.log, "ab") as out:
             out.write(f"--- start {self.starts}\n".encode())
@@ -83,9 +86,8 @@ class Daemon:
                 sys.executable, "-m", "bridge", "run", cwd=ROOT, env=env,
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
             )
-        # Ready once it polls Telegram.
-        await self.tg.wait_for(lambda: len(self.tg.calls_of("getUpdates")) > polls or self._died(), 20,
-                               "the daemon to poll")
+        await self.tg.wait_for(lambda: len(self.tg.calls_of(ready)) > polls or self._died(), 20,
+                               f"the daemon to call {ready}")
         if self._died():
             raise AssertionError(f"daemon exited early:\n{self.log.read_text()[-3000:]}")
 

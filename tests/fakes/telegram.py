@@ -3,6 +3,12 @@
 It keeps updates with real ``getUpdates`` offset semantics (an update is gone only once a
 later call's offset passes it), records every method call, and injects faults per method:
 ``fail("sendMessage", 429, retry_after=1)``, 5xx, 403 (blocked) or a dropped connection.
+
+With a webhook set (``setWebhook``) it delivers like Telegram instead (issue 15): each update
+POSTed to the URL with the secret header, one at a time and in order, the same one again after a
+non-2xx answer or a connection error, the next only after a 2xx (which confirms it, as an
+offset passing it would); ``getUpdates`` answers 409 meanwhile. ``deleteWebhook`` stops the
+delivery and keeps what was not confirmed.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 TOKEN = "123456:TEST-token-abcdefghijklmnopqrstuv"
@@ -71,6 +78,13 @@ class FakeTelegram:
         self._open: list[tuple[str, web.Request]] = []  # calls being answered, getUpdates aside
         self.runner: web.AppRunner | None = None
         self.url = ""
+        # Webhook mode: the setWebhook parameters, the delivery task, what each POST got.
+        self.webhook: dict[str, Any] | None = None
+        self.webhook_retry = 0.2  # seconds between two tries of an update that was not taken
+        self.webhook_timeout = 30.0  # seconds a delivery waits for its answer
+        self.deliveries: list[tuple[int, int | None]] = []  # (update id, HTTP status or None: no answer)
+        self.webhook_error: tuple[int, str] | None = None  # (unix time, message) of the last failure
+        self._delivery: asyncio.Task[None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -88,6 +102,7 @@ class FakeTelegram:
         return self.url
 
     async def stop(self) -> None:
+        await self._stop_delivery()
         if self.runner is not None:
             await self.runner.cleanup()
 
@@ -358,7 +373,10 @@ class FakeTelegram:
         return {"id": BOT_ID, "is_bot": True, "first_name": "Iva", "username": BOT_USERNAME,
                 "can_join_groups": True, "can_read_all_group_messages": False, "supports_inline_queries": False}
 
-    async def _m_getUpdates(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+    async def _m_getUpdates(self, params: dict[str, Any]) -> list[dict[str, Any]] | Fault:
+        if self.webhook is not None:
+            return Fault(409, "Conflict: can't use getUpdates method while webhook is active; "
+                              "use deleteWebhook to delete the webhook first")
         offset = params.get("offset")
         if offset:
             self.confirmed = max(self.confirmed, int(offset))
@@ -432,3 +450,85 @@ class FakeTelegram:
 
     async def _m_answerCallbackQuery(self, params: dict[str, Any]) -> bool:
         return True
+
+    # -- webhook mode (issue 15) ------------------------------------------------------------
+
+    async def _m_setWebhook(self, params: dict[str, Any]) -> bool | Fault:
+        url = str(params.get("url") or "")
+        if not url:
+            await self._stop_delivery()
+            self.webhook = None
+            return True
+        if not url.startswith(("http://", "https://")):
+            return Fault(400, "Bad Request: bad webhook: An HTTPS URL must be provided for webhook")
+        if params.get("drop_pending_updates") in (True, "true", "True"):
+            self.confirmed = (self.updates[-1]["update_id"] + 1) if self.updates else self.confirmed
+        self.webhook = params
+        self.webhook_error = None
+        if self._delivery is None or self._delivery.done():
+            self._delivery = asyncio.create_task(self._deliver())
+        return True
+
+    async def _m_deleteWebhook(self, params: dict[str, Any]) -> bool:
+        await self._stop_delivery()
+        self.webhook = None
+        if params.get("drop_pending_updates") in (True, "true", "True"):
+            self.confirmed = (self.updates[-1]["update_id"] + 1) if self.updates else self.confirmed
+        return True
+
+    async def _m_getWebhookInfo(self, _: dict[str, Any]) -> dict[str, Any]:
+        pending = sum(1 for u in self.updates if u["update_id"] >= self.confirmed)
+        info: dict[str, Any] = {"url": (self.webhook or {}).get("url", ""), "has_custom_certificate": False,
+                                "pending_update_count": pending}
+        if self.webhook is not None:
+            info["max_connections"] = int(self.webhook.get("max_connections") or 40)
+            info["allowed_updates"] = self.webhook.get("allowed_updates")
+            if self.webhook_error is not None:
+                info["last_error_date"], info["last_error_message"] = self.webhook_error
+        return info
+
+    async def _stop_delivery(self) -> None:
+        task, self._delivery = self._delivery, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    def delivered(self, update_id: int) -> int:
+        """How many times that update was POSTed to the webhook (whatever the answer)."""
+        return sum(1 for u, _ in self.deliveries if u == update_id)
+
+    async def _deliver(self) -> None:
+        """Telegram's side of a webhook with max_connections=1: the oldest unconfirmed update,
+        again and again until it gets a 2xx, then the next."""
+        async with aiohttp.ClientSession() as session:
+            while True:
+                async with self._changed:
+                    await self._changed.wait_for(lambda: any(u["update_id"] >= self.confirmed for u in self.updates))
+                    update = next(u for u in self.updates if u["update_id"] >= self.confirmed)
+                hook = self.webhook
+                assert hook is not None
+                headers = {"content-type": "application/json"}
+                if hook.get("secret_token"):
+                    headers["X-Telegram-Bot-Api-Secret-Token"] = str(hook["secret_token"])
+                update_id = update["update_id"]
+                self.handed.append(update_id)
+                self.handed_at.setdefault(update_id, time.monotonic())
+                status: int | None = None
+                try:
+                    async with session.post(hook["url"], data=json.dumps(update), headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=self.webhook_timeout)) as answer:
+                        status = answer.status
+                        await answer.read()
+                    error = f"Wrong response from the webhook: {status} {answer.reason}"
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    error = "Connection refused" if isinstance(exc, aiohttp.ClientConnectorError) \
+                        else f"Connection failed: {type(exc).__name__}"
+                self.deliveries.append((update_id, status))
+                if status is not None and 200 <= status < 300:
+                    self.confirmed = max(self.confirmed, update_id + 1)
+                    continue
+                self.webhook_error = (int(time.time()), error)
+                await asyncio.sleep(self.webhook_retry)
