@@ -2,13 +2,15 @@
 
 Our own getUpdates loop: each update is committed before the offset passes it, so an update is
 confirmed to Telegram only once its message is on disk. A commit that fails is retried and the
-offset does not move; a redelivered update is absorbed by the dedupe key (chat id + message id).
+offset does not move; a redelivered update is absorbed by the dedupe key (chat id + message id;
+an edit's adds its edit date, :mod:`.edits`).
 Ingest does as little as possible: decide, commit, receipt, wake the chat.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import mimetypes
 import sqlite3
@@ -26,14 +28,16 @@ from aiogram.exceptions import (
 from aiogram.types import CallbackQuery, Message, Update, User
 
 from . import backoff, log
-from .addressing import Address, classify
+from .addressing import Address, Inbound, classify
 from .chat.services import Services
 from .chat.worker import Scheduler
 from .commands import Commands
 from .describe import describe, quoted
+from .edits import commit_edit, edit_key, message_key
 from .metrics import METRICS
 from .payloads import Attachment, InputAnswer, PromptButton, QueuedMessage, Spoken
 from .state import StateCorrupt, corrupt
+from .store import Chat
 from .texts import pick_lang, t
 
 __all__ = ["Ingest"]
@@ -42,9 +46,14 @@ logger = log.get("bridge.ingest")
 
 POLL_TIMEOUT = 25
 EMPTY_POLL_FLOOR = 0.5  # seconds between two empty answers to a long poll, at least
-ALLOWED_UPDATES = ["message", "callback_query", "my_chat_member", "stopped_message_generation"]
+ALLOWED_UPDATES = ["message", "edited_message", "callback_query", "my_chat_member", "stopped_message_generation"]
 RECEIPT_QUEUED = "👀"
 RECEIPT_STEERED = "⚡"
+
+
+def _album_key(chat_id: int, media_group_id: str) -> str:
+    """The mark that an album of this chat was taken (its other parts need no mention)."""
+    return f"album:{chat_id}:{media_group_id}"
 
 
 class Ingest:
@@ -203,6 +212,8 @@ class Ingest:
     async def handle(self, update: Update) -> str:
         if update.message is not None:
             return await self.on_message(update.message)
+        if update.edited_message is not None:
+            return await self.on_edit(update.edited_message)
         if update.callback_query is not None:
             return await self.on_callback(update.callback_query)
         if update.stopped_message_generation is not None:
@@ -293,15 +304,81 @@ class Ingest:
         inbound = classify(message, self.me)
         address = inbound.address
         structlog.contextvars.bind_contextvars(chat_id=address.chat_id, thread_id=address.thread_id, msg_id=message.message_id)
+        if not inbound.addressed and message.media_group_id is not None and \
+                await self.queue.history(_album_key(message.chat.id, message.media_group_id)):
+            # A group album addresses the bot by its caption's mention, on one part only: the
+            # other parts of an album we took are ours too.
+            inbound = dataclasses.replace(inbound, addressed=True)
         if not inbound.addressed:
             return "not_addressed"
         if not self.settings.may_talk(user.id):
             logger.info("stranger_ignored", user_id=user.id)
             return "stranger"
         lang = pick_lang(user.language_code, self.settings.lang)
-        key = f"tg:{message.chat.id}:{message.message_id}"
+        key = message_key(message.chat.id, message.message_id)
         if inbound.command in ("compact", "notes", "start", "help", "status", "new", "stop"):
             return await self.commands.handle(inbound.command, message, address, lang, key, inbound.command_args)
+        prepared = self._prepare(message, inbound, user, lang)
+        if isinstance(prepared, str):
+            return await self._refuse(address, key, message.message_id, prepared)
+        async with self.store.db.transaction():
+            await self.transitions.touch(str(address), address.chat_id, address.thread_id, lang)
+            row = await self.queue.enqueue(str(address), prepared.to_payload(), dedupe_key=key)
+            if row is not None and prepared.album is not None:
+                await self.queue.remember(str(address), {"kind": "album"},
+                                          dedupe_key=_album_key(message.chat.id, prepared.album))
+            notice = await self._notice(address, key, message.message_id, lang) if row is not None else False
+            chat = await self.store.chat(str(address))
+        if row is None:
+            logger.info("update_duplicate_ignored")
+            return "duplicate"
+        logger.info("message_queued", queue_id=row)
+        logger.debug("message_text", text=prepared.text)
+        self._received(address, message.message_id, chat, notice)
+        return "queued"
+
+    async def on_edit(self, message: Message) -> str:
+        """Issue 14: an edited message, by the rule of :mod:`bridge.edits` (replaced while it
+        waits, a correction once eve has it, nothing when nothing changed). Who may talk and
+        what addresses the bot are the same as for a message."""
+        user = message.from_user
+        if user is None or user.is_bot:
+            return "ignored"
+        if message.location is not None:
+            # A live location moves by edits every few seconds; a location is no correction.
+            return "location_moved"
+        inbound = classify(message, self.me)
+        address = inbound.address
+        structlog.contextvars.bind_contextvars(chat_id=address.chat_id, thread_id=address.thread_id,
+                                               msg_id=message.message_id, edit_date=message.edit_date)
+        if not inbound.addressed:
+            return "not_addressed"
+        if not self.settings.may_talk(user.id):
+            logger.info("stranger_ignored", user_id=user.id)
+            return "stranger"
+        if inbound.command is not None:
+            logger.info("edited_command_ignored", command=inbound.command)
+            return "edit_ignored"
+        lang = pick_lang(user.language_code, self.settings.lang)
+        prepared = self._prepare(message, inbound, user, lang)
+        original = message_key(message.chat.id, message.message_id)
+        if isinstance(prepared, str):
+            key = f"{original}:e{message.edit_date or 0}"
+            return await self._refuse(address, key, message.message_id, prepared)
+        key = edit_key(message.chat.id, message.message_id, message.edit_date, prepared)
+        async with self.store.db.transaction():
+            await self.transitions.touch(str(address), address.chat_id, address.thread_id, lang)
+            outcome, row = await commit_edit(self.queue, self.store, str(address), original=original, key=key,
+                                             item=prepared)
+            notice = await self._notice(address, key, message.message_id, lang) if row is not None else False
+            chat = await self.store.chat(str(address))
+        logger.info("message_edited", outcome=str(outcome), queue_id=row)
+        if row is not None:
+            self._received(address, message.message_id, chat, notice)
+        return str(outcome)
+
+    def _prepare(self, message: Message, inbound: Inbound, user: User, lang: str) -> QueuedMessage | str:
+        """The message as it waits in the queue, or the short answer that refuses it (T8)."""
         attachment = self._attachment(message) or self._spoken(message, self.settings.voice)
         # A recording or video we do not take is refused even with a caption: it is never dropped
         # silently behind its caption.
@@ -315,22 +392,12 @@ class Ingest:
         # A bare mention replying to a message ("@iva" under a photo) asks about that message.
         bare_reply = reply is not None and message.text is not None
         limit = self.settings.max_file_mb
-        refusal = None
         if attachment is not None and (attachment.size or 0) > limit * 1024 * 1024:
-            refusal = t("file_too_big", lang, size=round((attachment.size or 0) / 1024 / 1024, 1), limit=limit)
-        elif attachment is None and (untaken or (not text.strip() and not bare_reply)):
+            return t("file_too_big", lang, size=round((attachment.size or 0) / 1024 / 1024, 1), limit=limit)
+        if attachment is None and (untaken or (not text.strip() and not bare_reply)):
             # T8: a short clear answer, never silence
-            refusal = t("unsupported" if self.settings.voice == "refuse" else "unsupported_voice", lang)
-        if refusal is not None:
-            async with self.store.db.transaction():
-                fresh = await self.queue.remember(str(address), {"kind": "refused"}, dedupe_key=key)
-                if fresh:  # the answer on disk with the mark: a crash cannot lose it
-                    await self.s.outbox.say_to(str(address), address.chat_id, address.thread_id, f"re:{key}",
-                                               refusal, reply_to=message.message_id)
-            if fresh:
-                self.spawn(self.s.outbox.flush(str(address)))
-            return "refused"
-        queued = QueuedMessage(
+            return t("unsupported" if self.settings.voice == "refuse" else "unsupported_voice", lang)
+        return QueuedMessage(
             text=text,
             attachment=attachment,
             reply=reply,
@@ -340,31 +407,35 @@ class Ingest:
             owner=user.id in self.settings.owner_ids,
             private=inbound.private,
             date=int(message.date.timestamp()) if message.date else None,
+            album=message.media_group_id,
         )
-        notice = False
-        queue_policy = self.settings.turn_policy == "queue"
+
+    async def _refuse(self, address: Address, key: str, message_id: int, refusal: str) -> str:
         async with self.store.db.transaction():
-            await self.transitions.touch(str(address), address.chat_id, address.thread_id, lang)
-            row = await self.queue.enqueue(str(address), queued.to_payload(), dedupe_key=key)
-            if row is not None and queue_policy:
-                # C3: once per compaction per chat, in the same transaction as the message.
-                notice = await self.transitions.notify_compacting(str(address))
-                if notice:
-                    await self.s.outbox.say_to(str(address), address.chat_id, address.thread_id, f"c3:{key}",
-                                               t("compacting_notice", lang), reply_to=message.message_id)
-            chat = await self.store.chat(str(address))
-        if row is None:
-            logger.info("update_duplicate_ignored")
-            return "duplicate"
-        logger.info("message_queued", queue_id=row)
-        logger.debug("message_text", text=text)
+            fresh = await self.queue.remember(str(address), {"kind": "refused"}, dedupe_key=key)
+            if fresh:  # the answer on disk with the mark: a crash cannot lose it
+                await self.s.outbox.say_to(str(address), address.chat_id, address.thread_id, f"re:{key}",
+                                           refusal, reply_to=message_id)
+        if fresh:
+            self.spawn(self.s.outbox.flush(str(address)))
+        return "refused"
+
+    async def _notice(self, address: Address, key: str, message_id: int, lang: str) -> bool:
+        """C3: once per compaction per chat, in the same transaction as the message."""
+        if self.settings.turn_policy != "queue" or not await self.transitions.notify_compacting(str(address)):
+            return False
+        await self.s.outbox.say_to(str(address), address.chat_id, address.thread_id, f"c3:{key}",
+                                   t("compacting_notice", lang), reply_to=message_id)
+        return True
+
+    def _received(self, address: Address, message_id: int, chat: Chat | None, notice: bool) -> None:
+        """After the commit: the notice or the receipt, and the chat's worker woken."""
         if notice:
             self.spawn(self.s.outbox.flush(str(address)))
-        elif chat is not None and chat.busy and queue_policy and not chat.waiting_input:
+        elif chat is not None and chat.busy and self.settings.turn_policy == "queue" and not chat.waiting_input:
             # The receipt comes after the commit, never before: "received, waiting its turn".
-            self.spawn(self.sender.react(address.chat_id, message.message_id, RECEIPT_QUEUED))
+            self.spawn(self.sender.react(address.chat_id, message_id, RECEIPT_QUEUED))
         self.wake(str(address))
-        return "queued"
 
     @staticmethod
     def _attachment(message: Message) -> Attachment | None:

@@ -112,15 +112,26 @@ class QueuedMessage:
     date: int | None = None
     attachment: Attachment | None = None
     reply: Reply | None = None  # issue 14; payloads written before it have none
+    album: str | None = None  # Telegram's media_group_id: the parts go to eve as one turn
+    correction: bool = False  # an edit of a message eve already has (issue 14)
 
     kind = "message"
 
     def to_payload(self) -> dict[str, Any]:
         a = self.attachment
-        return {"kind": self.kind, "text": self.text, "message_id": self.message_id, "user_id": self.user_id,
-                "user_name": self.user_name, "owner": self.owner, "private": self.private, "date": self.date,
-                "attachment": None if a is None else a.to_dict(),
-                "reply": None if self.reply is None else self.reply.to_dict()}
+        out = {"kind": self.kind, "text": self.text, "message_id": self.message_id, "user_id": self.user_id,
+               "user_name": self.user_name, "owner": self.owner, "private": self.private, "date": self.date,
+               "attachment": None if a is None else a.to_dict(),
+               "reply": None if self.reply is None else self.reply.to_dict()}
+        if self.album is not None:
+            out["album"] = self.album
+        if self.correction:
+            out["correction"] = True
+        return out
+
+    def revision(self) -> tuple[str, str | None]:
+        """What an edit can change that eve would see: the words and the file."""
+        return self.text, None if self.attachment is None else self.attachment.file_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +169,8 @@ def decode(payload: Mapping[str, Any]) -> Queued:
         date=payload.get("date"),
         attachment=Attachment.from_dict(attachment) if attachment else None,
         reply=Reply.from_dict(reply) if reply else None,
+        album=None if payload.get("album") is None else str(payload["album"]),
+        correction=bool(payload.get("correction")),
     )
 
 

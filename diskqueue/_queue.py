@@ -40,6 +40,11 @@ CREATE INDEX IF NOT EXISTS diskqueue_by_state ON diskqueue_messages (state, id);
 """
 
 
+def _glob_literal(text: str) -> str:
+    """``text`` matched literally by GLOB (its wildcards each in a one-character class)."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
 class State(enum.IntEnum):
     QUEUED = 0
     INFLIGHT = 1
@@ -129,6 +134,26 @@ class DiskQueue:
             (State.INFLIGHT, claim, time.time(), address, State.QUEUED, limit),
         )
         return sorted((Message.from_row(r) for r in rows), key=lambda m: m.id)
+
+    async def replace(self, message_id: int, payload: Mapping[str, Any], *, state: State,
+                      claim: str | None = None) -> bool:
+        """A message's payload, rewritten only while it is still in ``state`` (and, when given,
+        under ``claim``): one guarded statement; says whether it applied."""
+        sql = "UPDATE diskqueue_messages SET payload = ? WHERE id = ? AND state = ?"
+        params: list[Any] = [json.dumps(payload, ensure_ascii=False, separators=(",", ":")), message_id, state]
+        if claim is not None:
+            sql += " AND claim = ?"
+            params.append(claim)
+        return bool(await self.db.execute(sql, params))
+
+    async def history(self, dedupe_key: str) -> list[Message]:
+        """The message with ``dedupe_key`` and those keyed after it (``<key>:<suffix>``: its
+        revisions), oldest first, whatever their state."""
+        rows = await self.db.fetchall(
+            "SELECT * FROM diskqueue_messages WHERE dedupe_key = ? OR dedupe_key GLOB ? ORDER BY id",
+            (dedupe_key, _glob_literal(dedupe_key) + ":*"),
+        )
+        return [Message.from_row(r) for r in rows]
 
     async def _move(self, ids: Sequence[int], src: State, dst: State, *, claim: str | None = None) -> int:
         if not ids:

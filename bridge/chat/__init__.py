@@ -45,7 +45,9 @@ Modules, in import order (each imports only those below it):
 * :mod:`.services` — the frozen bundle of services the machinery is given;
 * :mod:`.outbox` — durable notices and replies on their way to Telegram;
 * :mod:`.transitions` — every write of a chat's state;
-* :mod:`.parking` — the pure decisions (threshold, C8, back-off).
+* :mod:`.parking` — the pure decisions (threshold, C8, back-off);
+* :mod:`.albums` — the pure decision of which claimed messages go now (an album whole, once
+  settled: ``claim_turn`` answers :class:`~.transitions.Settling` until then).
 
 Recovery is not a second machine: a restart finds busy records and hands each to the same
 consumer from its saved cursor. What a restart cannot read from eve's stream is in the record.

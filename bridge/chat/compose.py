@@ -11,6 +11,10 @@ the person's words (issue 14)::
 (the assistant's own answer), the author's name, or "a message" when Telegram does not say;
 ", in "Title"" or ", in another topic" follows for a message from elsewhere. The text is at most
 1 000 characters (then "…"); its attachments are named ("[photo]"), never sent again.
+
+An edit of a message eve already has comes as ``[correction of my earlier message] <the new
+words>`` (:mod:`bridge.edits`); the parts of an album go in one turn, every file a part, each
+caption a line.
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ from ..metrics import METRICS
 from ..payloads import Attachment, Queued, QueuedMessage, Reply, Spoken
 from .transcribe import TranscribeFailed, Transcriber
 
-__all__ = ["Composed", "compose", "framed"]
+__all__ = ["CORRECTION", "Composed", "compose", "framed"]
 
 logger = log.get("bridge.chat.compose")
+
+CORRECTION = "[correction of my earlier message]"  # an edit of a message eve already has
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +60,16 @@ async def compose(bot: Bot, items: Sequence[Queued], *, max_file_mb: int,
     texts: list[str] = []
     files: list[dict[str, Any]] = []
     unheard: list[QueuedMessage] = []
+    albums: set[str] = set()
     for item in items:
         if not isinstance(item, QueuedMessage):
             continue
-        text = item.text
+        text = f"{CORRECTION} {item.text}".rstrip() if item.correction else item.text
+        # An album's parts go together: after its first part, one without a caption adds its
+        # file and no line of its own.
+        quiet = item.album is not None and item.album in albums and not text.strip()
+        if item.album is not None:
+            albums.add(item.album)
         if item.attachment is not None and item.attachment.transcribe:
             heard = await _transcribe(bot, item.attachment, max_file_mb * 1024 * 1024, transcriber)
             if heard is None:
@@ -70,6 +82,8 @@ async def compose(bot: Bot, items: Sequence[Queued], *, max_file_mb: int,
                 files.append(part)
             else:
                 text = f"{text}\n[{item.attachment.name}: {part}]".strip()
+        if quiet and not text.strip():
+            continue
         if not item.private:
             text = f"{item.user_name or 'someone'}: {text}".rstrip()
         if item.reply is not None:

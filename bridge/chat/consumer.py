@@ -29,6 +29,7 @@ from ..payloads import InputAnswer, Kind, PromptButton, QueuedMessage, decode
 from ..sender import Typing
 from ..store import Chat, CompactPhase
 from ..texts import number, t
+from . import albums
 from .compaction import Answer, Compaction
 from .delivery import GONE, Lost, Unheard, send
 from .endings import lose, say_unheard
@@ -481,8 +482,19 @@ class BusyPeriod:
         # F4: claimed under a claim of their own until eve has them: a crash in between puts them
         # back in the queue at the turn's end instead of acknowledging what eve never got.
         steer = f"{claim}:steer"
-        claimed = await s.queue.claim(self.address, limit=s.settings.batch_size, claim=steer)
+        limit = s.settings.batch_size
+        claimed = await s.queue.claim(self.address, limit=limit + albums.LARGEST, claim=steer)
         if not claimed:
+            return False
+        # An album steers whole, once settled (issue 14): a part arriving alone waits for the rest.
+        taken = albums.cut(claimed, [decode(m.payload) for m in claimed], await s.queue.queued(self.address),
+                           limit=limit, now=time.time(), started=s.transitions.started_at)
+        if taken.take < len(claimed):
+            await s.queue.nack([m.id for m in claimed[taken.take:]], claim=steer)
+            claimed = claimed[:taken.take]
+        if taken.wait_until is not None:
+            asyncio.get_running_loop().call_later(max(0.0, taken.wait_until - time.time()),
+                                                  self.inbox.put_nowait, POKE)
             return False
         answers = [m for m in claimed if isinstance(decode(m.payload), InputAnswer)]
         messages = [m for m in claimed if m not in answers]

@@ -29,7 +29,7 @@ from diskqueue import DiskQueue, Message, State
 
 from ..payloads import InputAnswer, Kind, Origin, QueuedMessage, decode
 from ..store import CancelMark, Chat, ChatStatus, CompactPhase, Store
-from . import parking
+from . import albums, parking
 
 if TYPE_CHECKING:
     from ..notebook import Notebook
@@ -41,6 +41,7 @@ __all__ = [
     "Finished",
     "IllegalTransition",
     "Parked",
+    "Settling",
     "Superseded",
     "Transitions",
     "state_of",
@@ -112,6 +113,13 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True)
+class Settling:
+    """Nothing claimed: the queue's head is an album still arriving; look again at ``at``."""
+
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class Parked:
     """What the parking handler decided, with the chat as it was before."""
 
@@ -136,6 +144,7 @@ class Transitions:
     queue: DiskQueue
     notebook: Notebook | None = None
     clock: Any = field(default=time.time)
+    started_at: float = field(default_factory=time.time)  # this process's start (an album's settling)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -182,9 +191,11 @@ class Transitions:
     # -- idle → busy(turn) ------------------------------------------------------------------
 
     async def claim_turn(self, address: str, *, limit: int, files_budget: int | None = None,
-                         file_cap: int = 0) -> Claim | None:
+                         file_cap: int = 0) -> Claim | Settling | None:
         """idle|released → busy(turn) with the address's next messages; None when there is nothing
-        to claim or the chat is not free (busy, or a /new waits). With ``files_budget`` (bytes),
+        to claim or the chat is not free (busy, or a /new waits); :class:`Settling` (nothing
+        written) when the next message is part of an album still arriving (:mod:`.albums`: an
+        album goes whole, once settled). With ``files_budget`` (bytes),
         the turn takes messages while their files' declared sizes fit (one of unknown size counts
         as ``file_cap``); the first always goes, the rest wait for the next turn."""
         async with self.store.db.transaction():
@@ -192,7 +203,7 @@ class Transitions:
             if chat is None or chat.busy or chat.reset_requested:
                 return None
             claim = _claim_id()
-            messages = await self.queue.claim(address, limit=limit, claim=claim)
+            messages = await self.queue.claim(address, limit=limit + albums.LARGEST, claim=claim)
             items = [decode(m.payload) for m in messages]
             stale = [m for m, item in zip(messages, items, strict=True) if isinstance(item, InputAnswer)]
             if stale:
@@ -202,6 +213,13 @@ class Transitions:
                 messages, items = [m for m, _ in kept], [i for _, i in kept]
             if not messages:
                 return None
+            taken = albums.cut(messages, items, await self.queue.queued(address), limit=limit, now=self.clock(),
+                               started=self.started_at)
+            if taken.take < len(messages):
+                await self.queue.nack([m.id for m in messages[taken.take:]], claim=claim)
+                messages, items = messages[:taken.take], items[:taken.take]
+            if taken.wait_until is not None:
+                return Settling(taken.wait_until)
             if files_budget is not None:
                 spent, cut = 0, len(messages)
                 for i, item in enumerate(items):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import structlog
 
@@ -24,6 +25,7 @@ from ..texts import t
 from .consumer import POKE
 from .recovery import drive, resume
 from .services import Services, Slot, files_budget
+from .transitions import Settling
 
 __all__ = ["ChatWorker", "Scheduler"]
 
@@ -180,10 +182,18 @@ class ChatWorker:
                 # the main loop looks again; else there is nothing to do.
                 return chat is not None and (chat.busy or chat.reset_requested
                                              or await s.queue.depth(self.address) > 0)
-            logger.info("turn_claimed", messages=[m.id for m in claimed.messages], session=claimed.session)
-            await drive(s, self.inbox, self.address, claimed.claim, claimed.messages, slot=slot)
+            if not isinstance(claimed, Settling):
+                logger.info("turn_claimed", messages=[m.id for m in claimed.messages], session=claimed.session)
+                await drive(s, self.inbox, self.address, claimed.claim, claimed.messages, slot=slot)
+                return True
         finally:
             slot.give_back()
+        # An album still arriving: look again once it settled, or sooner when poked (a new part,
+        # /new); without the turn slot meanwhile.
+        logger.debug("album_settling", wait=round(claimed.at - time.time(), 3))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, claimed.at - time.time())):
+                await self._poked.wait()
         return True
 
     # -- /new -------------------------------------------------------------------------------

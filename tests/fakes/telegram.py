@@ -57,6 +57,7 @@ class FakeTelegram:
         self.handed_at: dict[int, float] = {}  # update id → monotonic time first handed out
         self._update_ids = itertools.count(1000)
         self._message_ids = itertools.count(1)
+        self._edit_dates: dict[tuple[int, int], int] = {}  # (chat, message) → its last edit_date
         self._changed = asyncio.Condition()
         self.blocked_chats: set[int] = set()
         # Called (and awaited) inside a method's handler before it answers: crash tests use it
@@ -167,6 +168,7 @@ class FakeTelegram:
         reply_to_bot: bool = False,
         entities: list[dict[str, Any]] | None = None,
         extra: dict[str, Any] | None = None,
+        _add: bool = True,
     ) -> dict[str, Any]:
         """Make a user write a message; returns the message as the bot will see it."""
         chat_id = user_id if chat_id is None else chat_id
@@ -203,8 +205,49 @@ class FakeTelegram:
             }
         if extra:
             message.update(extra)
-        await self.add_update({"message": message})
+        if _add:
+            await self.add_update({"message": message})
         return message
+
+    async def edit(self, message: dict[str, Any], text: str | None = None, *, caption: str | None = None,
+                   extra: dict[str, Any] | None = None, edit_date: int | None = None) -> dict[str, Any]:
+        """The author edits ``message`` (as :meth:`message` returned it): an ``edited_message``
+        update with the whole message as it now reads and a later ``edit_date`` (each edit of a
+        message a second after the one before, unless given). Returns the edited message."""
+        edited = json.loads(json.dumps(message))
+        if text is not None:
+            edited["text"] = text
+        if caption is not None:
+            edited["caption"] = caption
+        edited.update(extra or {})
+        key = (edited["chat"]["id"], edited["message_id"])
+        last = self._edit_dates.get(key, int(edited["date"]))
+        edited["edit_date"] = edit_date if edit_date is not None else max(int(time.time()), last + 1)
+        self._edit_dates[key] = edited["edit_date"]
+        await self.add_update({"edited_message": edited})
+        return edited
+
+    async def album(self, file_ids: list[str], *, captions: dict[int, str] | None = None,
+                    media_group_id: str | None = None, batch: bool = False, **kwargs: Any) -> list[dict[str, Any]]:
+        """The user sends photos as one album: a message per photo sharing a ``media_group_id``
+        (the files served from :attr:`files`, which gets a few bytes for any id it lacks);
+        ``captions`` by part index. Each part is its own update, as Telegram sends them — in one
+        getUpdates answer with ``batch``. ``kwargs`` as for :meth:`message`."""
+        group = media_group_id or f"album{next(self._message_ids)}"
+        common = kwargs.pop("extra", None) or {}
+        parts = []
+        for i, file_id in enumerate(file_ids):
+            self.files.setdefault(file_id, f"photo {file_id}".encode())
+            extra = {"media_group_id": group, "photo": [
+                {"file_id": file_id, "file_unique_id": file_id, "width": 800, "height": 600,
+                 "file_size": len(self.files[file_id])}]}
+            if captions and i in captions:
+                extra["caption"] = captions[i]
+            parts.append(await self.message(None, extra={**common, **extra}, _add=not batch,
+                                            **kwargs))
+        if batch:
+            await self.add_updates([{"message": p} for p in parts])
+        return parts
 
     async def press(self, sent: dict[str, Any], label: str, *, user_id: int = 1) -> dict[str, Any]:
         """The user presses an inline button of a message the bot sent."""

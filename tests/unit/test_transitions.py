@@ -408,3 +408,36 @@ async def test_a_turn_takes_files_only_up_to_its_budget(tmp_path: Path) -> None:
         assert turns == [["m1", "m2"], ["m3", "m4"]]
     finally:
         await db.close()
+
+
+async def test_an_album_is_claimed_whole_once_it_settled(tmp_path: Path) -> None:
+    """Issue 14 (albums): while an album's last part is younger than the settling time the claim
+    writes nothing and says when to look again; then every part goes in one turn, even past the
+    batch limit when the album leads the queue, and a message before an album goes without it."""
+    from bridge.chat.albums import SETTLE
+    from bridge.chat.transitions import Settling
+
+    db, tr = await _open(tmp_path)
+    now = [0.0]
+    tr.clock, tr.started_at = (lambda: now[0]), 0.0
+    try:
+        await tr.touch(A, 1, None, "en")
+        await _message(tr, 1)
+        for n in (2, 3, 4):
+            msg = QueuedMessage(text="", message_id=n, user_id=1, user_name="Ann", owner=True, private=True,
+                                album="g1")
+            await tr.queue.enqueue(A, msg.to_payload(), dedupe_key=f"tg:1:{n}")
+        last = max(m.enqueued_at for m in await tr.queue.queued(A))
+        now[0] = last + SETTLE / 2
+        claimed = await tr.claim_turn(A, limit=2)
+        assert not isinstance(claimed, Settling) and claimed is not None
+        assert [m.payload["message_id"] for m in claimed.messages] == [1]  # the album waits
+        await tr.fail_turn(A, claimed.claim)
+        assert await tr.claim_turn(A, limit=2) == Settling(last + SETTLE)
+        assert state_of(await _chat(tr)) is ChatState.IDLE and await tr.queue.depth(A) == 3
+        now[0] = last + SETTLE
+        claimed = await tr.claim_turn(A, limit=2)
+        assert not isinstance(claimed, Settling) and claimed is not None
+        assert [m.payload["message_id"] for m in claimed.messages] == [2, 3, 4]
+    finally:
+        await db.close()
