@@ -185,3 +185,20 @@ async def test_a_message_stopped_before_eve_had_it_is_never_sent(harness: Harnes
     assert tg.texts() == ["Stopped. Send your next message when you are ready."]
     assert not [b for s in fake_eve.sessions.values() for b in s.sends if "never mind" in str(b.get("message"))]
     assert state_of(await harness.chat()) is ChatState.IDLE
+
+
+async def test_stop_stops_a_running_compaction(harness: Harness, tg: FakeTelegram, fake_eve: FakeEve):
+    """L* (like C4): /stop during a compaction cancels it in eve; the conversation stays as it
+    was, the chat is free, and /stop says what it stopped."""
+    fake_eve.summary_delay = 30
+    await tg.message("big [[tokens=120000]]", user_id=OWNER)
+    await harness.until(lambda: harness.maybe_chat() is not None
+                        and state_of(harness.maybe_chat()) is ChatState.COMPACTING
+                        and any(e["type"] == "compaction.requested" for s in fake_eve.sessions.values()
+                                for e in s.events), what="eve compacting")
+    await tg.message("/stop", user_id=OWNER)
+    await harness.settled()
+    assert "Stopped the compaction; the conversation stays as it was." in tg.texts()
+    assert len(cancels(fake_eve)) == 1
+    chat = await harness.chat()
+    assert state_of(chat) is ChatState.IDLE and chat.compactions == 0 and not chat.stop_wanted
