@@ -94,11 +94,14 @@ class Listener:
     async def _refresh(self) -> tuple[int, int, int, int, float | None]:
         last = self.ingest.last_poll_ok  # first: set even when the database does not answer
         METRICS.poll_age.set(round(time.time() - (self.started if last is None else last), 1))
-        queued = await self.queue.depth()
-        by_kind = await self.store.busy_by_kind()
+        # The last committed state, read without queueing behind the writer's transactions: on
+        # a slow disk (each commit an fsync of 50 ms or more) that queue is seconds long.
+        async with self.store.db.committed():
+            queued = await self.queue.depth()
+            by_kind = await self.store.busy_by_kind()
+            now = time.time()
+            overdue, oldest = await self.store.health(overdue_before=now - self.busy_timeout * OVERDUE_FACTOR)
         busy = sum(by_kind.values())
-        now = time.time()
-        overdue, oldest = await self.store.health(overdue_before=now - self.busy_timeout * OVERDUE_FACTOR)
         reply_age = None if oldest is None else round(now - oldest, 1)
         METRICS.queue_depth.set(queued)
         METRICS.busy.set(busy)

@@ -76,7 +76,7 @@ class KillingDatabase(Database):
         self._maybe_fail(sql)
         return await super().fetchall(sql, params)
 
-    async def _run(self, fn: Callable[..., T]) -> T:
+    async def _run(self, fn: Callable[..., T], *, fsync: bool = False) -> T:
         self.statements += 1
         if self.killed.is_set():
             raise Killed("the process is dead")
@@ -89,7 +89,7 @@ class KillingDatabase(Database):
                     shutil.copyfile(part, self.image / f"{self.path.name}{suffix}")
             self.killed.set()
             raise Killed(f"killed at statement {self.statements}")
-        return await super()._run(fn)
+        return await super()._run(fn, fsync=fsync)
 
 
 async def open_store(path: Path, **kwargs: Any) -> tuple[Database, DiskQueue, Store]:

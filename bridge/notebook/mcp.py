@@ -190,7 +190,10 @@ class McpServer:
         """The chat whose owner turn this session is running now, or None (N1: master_only, lead_only)."""
         if not session or not self.notebook.enabled:
             return None
-        chat = await self.store.chat_by_session(session)
+        # Committed state, without queueing behind the writer's lock (eve gives tools/list 10 s;
+        # on a slow disk the queue of transactions, an fsync each, can be seconds long).
+        async with self.store.db.committed():
+            chat = await self.store.chat_by_session(session)
         if chat is None or not chat.busy or chat.kind != "turn" or not chat.owner_turn or chat.reset_mark:
             return None
         return chat

@@ -5,10 +5,13 @@ messages, never a 500 (MCP 2025-11-25 over Streamable HTTP)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,6 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from bridge.chat.transitions import Transitions
 from bridge.config import ConfigError, Settings, is_loopback
+from bridge.http import Listener
 from bridge.notebook import McpServer, Notebook, NotebookConfig, OwnerApi
 from bridge.notebook.mcp import TOOLS
 from bridge.payloads import QueuedMessage
@@ -221,6 +225,38 @@ async def test_parse_errors_and_unknown_methods(surface):
     assert status == 200 and body["error"]["code"] == -32601
     status, body, _ = await surface.call("resources/list", {})
     assert status == 200 and body["error"]["code"] == -32601
+
+
+# -- a slow disk (issue 11 §4) -------------------------------------------------------------------
+
+async def test_tools_list_and_healthz_answer_while_the_writer_holds_the_lock(surface):
+    """On a slow disk the writer's lock is held by a queue of transactions, each ending in an
+    fsync of 50 ms or more (benchmark 7: /healthz waited up to 2 s behind it). tools/list (eve
+    gives it 10 s) and /healthz read the last committed state instead: here a transaction holds
+    the lock until both have answered. (The 10 s limits only break the deadlock of the old code.)"""
+    db = surface.tr.store.db
+    holding, done = asyncio.Event(), asyncio.Event()
+
+    async def writer() -> None:
+        async with db.transaction():
+            await db.execute("UPDATE chats SET progress_at = progress_at WHERE address = ?", (CHAT,))
+            holding.set()
+            await done.wait()
+
+    task = asyncio.create_task(writer())
+    await holding.wait()
+    try:
+        status, body, _ = await asyncio.wait_for(surface.call("tools/list", {}), 10)
+        assert status == 200 and {t["name"] for t in body["result"]["tools"]} == set(TOOLS) - {"chat_note_read"}
+        listener = Listener("127.0.0.1:0", store=surface.tr.store, queue=surface.tr.queue,
+                            ingest=SimpleNamespace(last_poll_ok=time.time()))  # type: ignore[arg-type]
+        response = await asyncio.wait_for(listener.healthz(None), 10)  # type: ignore[arg-type]
+        assert response.status == 200
+        assert json.loads(response.text or "")["busy_chats"] == 1
+        assert not task.done()
+    finally:
+        done.set()
+        await task
 
 
 # -- the start-up rules --------------------------------------------------------------------------
