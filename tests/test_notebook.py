@@ -85,7 +85,9 @@ async def test_in_inline_mode_the_read_tool_is_unknown_to_list_and_call(tg, fake
     await tg.wait_texts(1, timeout=30)
     assert fake_eve.mcp_results[0]["error"].endswith('has no tool named "chat_note_read".')
     session = nb_daemon.chat(str(OWNER))["eve_session"]
-    await tg.message("slow [[delay=3]]", user_id=OWNER)
+    await idle(tg, nb_daemon)
+    fake_eve.stuck = True  # an owner turn that stays running while we call (no race with its end)
+    await tg.message("slow", user_id=OWNER)
     await tg.wait_for(lambda: nb_daemon.chat(str(OWNER))["status"] == "busy", 20, "busy")
     answer = await mcp(nb_daemon, session, "tools/call", {"name": "chat_note_read", "arguments": {
         "name": "shop", "eve_session_id": session}})
