@@ -1,6 +1,6 @@
 """Issue 15: the Prometheus alert rules and the Grafana dashboard in examples/ load, and every
 metric they use is one the daemon's /metrics exposes. ``promtool check rules`` runs too when
-promtool is on PATH (Debian's ``prometheus`` package has it; not installed by scripts/test)."""
+promtool is on PATH (scripts/test unpacks it from Debian's ``prometheus`` package when apt can fetch it)."""
 
 from __future__ import annotations
 
