@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -25,16 +24,6 @@ from tests.test_chat_machine import _kill_during
 from tests.test_input import GROUP, MENTION, said
 
 STRANGER = 7
-
-
-@pytest.fixture
-async def harness(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncIterator[Harness]:
-    h = Harness(tmp_path / "state", tg, fake_eve)
-    await h.start()
-    try:
-        yield h
-    finally:
-        await h.stop()
 
 
 async def say(tg: FakeTelegram, text: str, *, group: bool, **kwargs: Any) -> dict[str, Any]:
