@@ -231,6 +231,15 @@ class BusyPeriod:
     async def _on_turn_event(self, event: eve.Event) -> bool:
         s, chat, tr = self.s, self.chat, self.s.transitions
         claim = self._owned()
+        if isinstance(event, eve.TurnStarted | eve.MessageReceived) and not self.deliveries_known \
+                and event.delivery_ids:
+            # Our send's answer was lost (an ambiguous send, F4), so no delivery is on the record:
+            # this is the turn eve made of it. Recorded now, so that a restart after the cursor
+            # has passed this point follows the turn instead of sending again.
+            for delivery in event.delivery_ids:
+                await tr.delivered(self.address, claim, delivery)
+            self.pending.update(event.delivery_ids)
+            self.deliveries_known = True
         match event:
             case eve.MessageAppended():
                 self.block += event.delta
@@ -253,18 +262,6 @@ class BusyPeriod:
                     if self.typing is not None and event.finish_reason == "stop":
                         await self.typing.stop()  # never after the final send (LESSONS #12)
                     await s.outbox.flush(self.address)
-            case eve.TurnStarted() | eve.MessageReceived() if not self.deliveries_known and event.delivery_ids:
-                # Our send's answer was lost (an ambiguous send, F4), so no delivery is on the
-                # record: this is the turn eve made of it. Recorded now, so that a restart after
-                # the cursor has passed this point follows the turn instead of sending again.
-                for delivery in event.delivery_ids:
-                    await tr.delivered(self.address, claim, delivery)
-                self.pending.update(event.delivery_ids)
-                self.deliveries_known = True
-                if isinstance(event, eve.TurnStarted):
-                    self.in_turn, self.turn_id = True, event.turn_id or self.turn_id
-                    if self.stopping:
-                        await self._stop()
             case eve.TurnStarted() | eve.StepStarted():
                 if isinstance(event, eve.TurnStarted):
                     self.in_turn, self.turn_id = True, event.turn_id or self.turn_id
