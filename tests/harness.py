@@ -23,6 +23,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
+
 import eve_client as eve
 from bridge.app import make_bot, notebook_config
 from bridge.chat.services import Services
@@ -101,8 +103,10 @@ async def open_store(path: Path, **kwargs: Any) -> tuple[Database, DiskQueue, St
 
 
 class Harness:
-    def __init__(self, state: Path, tg: FakeTelegram, fake_eve: FakeEve, **env: str) -> None:
+    def __init__(self, state: Path, tg: FakeTelegram, fake_eve: FakeEve, *,
+                 eve_transport: httpx.AsyncBaseTransport | None = None, **env: str) -> None:
         self.state = state
+        self.eve_transport = eve_transport  # eve_client's own seam, for faults below HTTP
         self.tg = tg
         self.fake_eve = fake_eve
         self.env = {
@@ -141,7 +145,7 @@ class Harness:
         self._closers = [db.close]
         bot = make_bot(self.settings)
         self._closers.append(lambda: self._later(bot.session.close()))
-        client = eve.EveClient(self.settings.eve_url, token=self.settings.eve_token)
+        client = eve.EveClient(self.settings.eve_url, token=self.settings.eve_token, transport=self.eve_transport)
         await client.__aenter__()
         self._closers.append(client.aclose)
         sender = Sender(bot, store)

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import pytest
 
 from bridge.chat.transitions import ChatState, state_of
@@ -614,3 +615,39 @@ async def test_an_ambiguous_send_is_looked_up_in_the_stream_not_sent_again(harne
     await harness.settled(30)
     assert tg.texts() == ["echo: first", "echo: hello"]
     assert routes(fake_eve) == ["send", "send"]
+
+
+class _BrokenOnce(httpx.AsyncBaseTransport):
+    """Below eve_client: the first followed stream of a turn ends in an error the client does not
+    translate (not an httpx error) — a bug's shape, not a network fault's."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.broken = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/stream") and not self.broken:
+            self.broken += 1
+            raise RuntimeError("injected: an error eve_client does not know")
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_reader_ending_in_an_unknown_error_is_retried_not_waited_out(
+        tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
+    """F6: the stream reader's end is seen whatever the error: the worker starts over from the
+    cursor and the answer arrives, instead of the turn waiting out the busy timeout and being lost."""
+    transport = _BrokenOnce()
+    h = Harness(tmp_path / "state", tg, fake_eve, eve_transport=transport, IVA_BUSY_TIMEOUT="600")
+    await h.start()
+    try:
+        await tg.message("hello", user_id=OWNER)
+        await h.until(lambda: "echo: hello" in tg.texts(), what="the answer")
+        await h.settled()
+        assert transport.broken == 1
+        assert tg.texts() == ["echo: hello"]
+        assert len(fake_eve.sessions) == 1
+    finally:
+        await h.stop()

@@ -138,7 +138,9 @@ class BusyPeriod:
             async for event in self.s.eve.stream(self.session, self.cursor):
                 await self.inbox.put(event)
             await self.inbox.put(_STREAM_END)
-        except eve.EveError as exc:
+        except Exception as exc:  # not only eve's errors: the loop must see any end
+            # An error the client did not translate (a bug, a closed client) would otherwise end the
+            # reader unseen and leave the loop waiting out the busy timeout, losing the turn.
             await self.inbox.put(exc)
 
     def _deadline(self) -> tuple[float, str]:
@@ -193,6 +195,8 @@ class BusyPeriod:
             if isinstance(item, eve.EveError):
                 METRICS.eve_errors.labels(kind="stream").inc()
                 raise item  # the worker waits and starts over from the cursor
+            if isinstance(item, Exception):
+                raise item  # the reader's unexpected end: the worker logs it and starts over
             assert isinstance(item, eve.Event)
             self.progress = time.monotonic()
             self.cursor = item.index + 1
