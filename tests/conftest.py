@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import sqlite3
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import TOKEN, FakeTelegram
+from tests.zygote import spawn_bridge
 
 ROOT = Path(__file__).resolve().parent.parent
 OWNER = 1
@@ -67,7 +67,7 @@ class Daemon:
         self.state = state
         self.env = env
         self.tg = tg
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: Any = None  # an asyncio Process, or the zygote's BridgeProcess (tests/zygote.py)
         self.starts = 0
         self.log = state / "daemon.log"
 
@@ -82,10 +82,7 @@ class Daemon:
         self.starts += 1
         with open(self.log, "ab") as out:
             out.write(f"--- start {self.starts}\n".encode())
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bridge", "run", cwd=ROOT, env=env,
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
-            )
+            self.proc = await spawn_bridge("run", env=env, stdout=out)
         await self.tg.wait_for(lambda: len(self.tg.calls_of(ready)) > polls or self._died(), 20,
                                f"the daemon to call {ready}")
         if self._died():

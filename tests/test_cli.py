@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 
 import pytest
 
-from tests.conftest import OWNER, ROOT
+from tests.conftest import OWNER
 from tests.fakes.telegram import TOKEN
+from tests.zygote import spawn_bridge
 
 
 async def _check(env: dict[str, str]) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bridge", "check", cwd=ROOT, env={**os.environ, **env},
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )
+    proc = await spawn_bridge("check", env={**os.environ, **env})
     out, _ = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode, out.decode()
 

@@ -51,7 +51,6 @@ def _parse(text: str) -> ast.Module:
     """ast.parse with the cyclic GC held off: on CPython 3.11.7 a collection during the parse that runs
     a finalizer (an earlier test's abandoned asyncio task logging "exception was never retrieved")
     fails the parse with "SystemError: AST constructor recursion depth mismatch"; the CPython the CI runs is 3.11.7."""
-    gc.collect()
     gc.disable()
     try:
         return ast.parse(text)
