@@ -246,7 +246,8 @@ class Ingest:
             if not await self.queue.remember(str(address), {"kind": "stop"},
                                              dedupe_key=f"stop:{update.update_id}"):
                 return "duplicate"
-            chat = await self.transitions.want_stop(str(address))
+            # A press on a draft of a turn that is over (it crossed the answer) stops nothing.
+            chat = await self.transitions.want_stop(str(address), draft=stopped.draft_id)
         logger.info("stop_button", draft_id=stopped.draft_id, stopped=chat is not None)
         if chat is not None:
             self.wake(str(address))

@@ -40,24 +40,40 @@ def _album(item: Queued) -> str | None:
 def cut(claimed: Sequence[Message], items: Sequence[Queued], waiting: Sequence[Message], *, limit: int,
         now: float, started: float, settle: float = SETTLE) -> Cut:
     """``claimed`` (decoded as ``items``), oldest first, were taken for a turn of at most
-    ``limit`` messages; ``waiting`` are the address's queued messages behind them."""
+    ``limit`` messages; ``waiting`` are the address's queued messages behind them.
+
+    The turn is a prefix of ``claimed``. No album is split by it, even one whose parts other
+    messages interleave (a group): the album that leads is taken whole, past the limit if need
+    be, with whatever lies between its parts; any other album the prefix would split is left,
+    from its first part on, for the next turn. An album still settling is never taken."""
     last: dict[str, float] = {}
     for row in [*claimed, *waiting]:
         album = row.payload.get("album")
         if isinstance(album, str):
             last[album] = max(last.get(album, 0.0), row.enqueued_at)
-    take = min(limit, len(claimed))
-    for i, item in enumerate(items[:take]):
-        album = _album(item)
-        if album is not None and max(last[album], started) + settle > now:
-            if i == 0:
-                return Cut(0, max(last[album], started) + settle)
-            take = i
-            break
-    if 0 < take < len(items) and (album := _album(items[take - 1])) is not None and _album(items[take]) == album:
-        first = next(i for i, item in enumerate(items) if _album(item) == album)
-        if first == 0:
-            take = max(i for i, item in enumerate(items) if _album(item) == album) + 1
+    where: dict[str, list[int]] = {}
+    for i, item in enumerate(items):
+        if (album := _album(item)) is not None:
+            where.setdefault(album, []).append(i)
+
+    def settles(album: str) -> float:
+        return max(last[album], started) + settle
+
+    lead = _album(items[0]) if items else None
+    if lead is not None and settles(lead) > now:
+        return Cut(0, settles(lead))
+    must = where[lead][-1] + 1 if lead is not None else 0  # the leading album, whole
+    take = max(min(limit, len(items)), must)
+    while True:
+        inside = {a for a, at in where.items() if at[0] < take}
+        split = sorted((where[a][0], a) for a in inside if where[a][-1] >= take or settles(a) > now)
+        if not split:
+            return Cut(take)
+        first, album = split[0]
+        if first >= must:
+            take = first  # leave it, from its first part on, for the next turn
+        elif settles(album) > now:
+            return Cut(0, settles(album))  # interleaved with the leading album, still arriving
         else:
-            take = first
-    return Cut(take)
+            must = max(must, where[album][-1] + 1)  # interleaved with the leading album: whole too
+            take = max(take, must)

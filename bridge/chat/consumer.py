@@ -23,13 +23,13 @@ import structlog
 
 import eve_client as eve
 
-from .. import log
+from .. import backoff, log
 from ..metrics import METRICS
 from ..payloads import InputAnswer, Kind, PromptButton, QueuedMessage, decode
 from ..sender import Typing
 from ..store import Chat, CompactPhase
 from ..texts import number, t
-from . import albums
+from . import albums, draftids
 from .compaction import Answer, Compaction
 from .delivery import GONE, Lost, Unheard, send
 from .endings import lose, say_unheard
@@ -87,6 +87,8 @@ class BusyPeriod:
         self.draft_id = 0
         self.turn_id: str | None = None
         self.stopping = chat.stop_wanted
+        self.cancel_sent = False  # eve accepted the stop's cancel (until then a poke tries again)
+        self.cancel_failures = 0
         self.stopped_shown = False
         self.usage = [0, 0, 0, 0]  # steps, input, output, cache read: spend not yet committed
 
@@ -144,7 +146,7 @@ class BusyPeriod:
             await self.inbox.put(exc)
 
     def _deadline(self) -> tuple[float, str]:
-        if self.waiting_input and not self.answered:
+        if self.waiting_input and not self.answered and not self.stopping:
             # F5: waiting on the person is not "no progress": no busy timeout while a question
             # is open; a late answer reaches the same session. Once answered, eve must go on
             # within the busy timeout again (a session stuck since eve restarted is lost then).
@@ -174,7 +176,7 @@ class BusyPeriod:
                     logger.info("compaction_watch_ended")  # the chat is free already
                     return
                 logger.warning("busy_timeout", seconds=self.s.settings.busy_timeout)
-                await lose(self.s, self.address, self.claim, "no progress within the busy timeout")
+                await self._lose("no progress within the busy timeout")
                 return
             if item is POKE:
                 if await self._on_poke():
@@ -187,10 +189,10 @@ class BusyPeriod:
                 self._sync_claim()
                 continue
             if item is _STREAM_END:
-                await lose(self.s, self.address, self.claim, "eve closed the session stream")
+                await self._lose("eve closed the session stream")
                 return
             if isinstance(item, GONE):
-                await lose(self.s, self.address, self.claim, str(item))
+                await self._lose(str(item))
                 return
             if isinstance(item, eve.EveError):
                 METRICS.eve_errors.labels(kind="stream").inc()
@@ -201,7 +203,7 @@ class BusyPeriod:
             self.progress = time.monotonic()
             self.cursor = item.index + 1
             if isinstance(item, eve.SessionCompleted | eve.SessionFailed):
-                await lose(self.s, self.address, self.claim, item.type)
+                await self._lose(item.type)
                 return
             try:
                 if self.compaction is not None:
@@ -287,6 +289,7 @@ class BusyPeriod:
                 # behind it at eve: the person hears the C3 notice.
                 self.announced = True
                 logger.info("compaction_announced_late", estimate=event.usage_input_tokens)
+                await self._end_draft()
                 async with s.store.db.transaction():
                     await s.outbox.say(chat, f"c3:{event.id}", t("compacting_notice", chat.lang))
                     await tr.advance(self.address, claim, self.cursor)
@@ -296,6 +299,7 @@ class BusyPeriod:
             case eve.CompactionCompleted():
                 await tr.in_turn_compacted(self.address, claim, self.cursor)
             case eve.InputRequested():
+                await self._end_draft()
                 await self._show_prompts(event, claim)
             case eve.TurnWaiting() if event.on == "input":
                 # T5: the turn cannot end until the person answers; their next message goes at once.
@@ -310,6 +314,7 @@ class BusyPeriod:
             case eve.TurnFailed():
                 logger.warning("eve_turn_failed", code=event.code, error=event.message[:300])
                 METRICS.turns.labels(outcome="failed").inc()
+                await self._end_draft()
                 async with s.store.db.transaction():
                     await s.outbox.say(chat, f"failed:{event.id}", t("turn_failed", chat.lang, reason=event.code or "error"))
                     await tr.advance(self.address, claim, self.cursor)
@@ -391,6 +396,10 @@ class BusyPeriod:
             self.draft = None
         current = await s.store.chat(self.address)
         assert current is not None
+        # The turn's stop is over with the turn (the record's mark was cleared when it parked):
+        # a /stop now stops the compaction.
+        self.stopping = current.stop_wanted
+        self.cancel_sent = self.stopped_shown = False
         self.claim = parked.compaction_claim
         self.compaction = Compaction(s, self.inbox, current)
         await self.compaction.post()
@@ -404,9 +413,8 @@ class BusyPeriod:
         assert chat is not None
         if chat.reset_requested:
             return True  # /new: the worker resets (eve's reset cancels a turn or a compaction)
-        if chat.stop_wanted and not self.stopping:
-            self.stopping = True
-            await self._stop()
+        if chat.stop_wanted and not self.cancel_sent:
+            await self._stop()  # the first stop, or one whose cancel eve has not accepted yet
             return False
         c = self.compaction
         if c is not None:
@@ -429,30 +437,52 @@ class BusyPeriod:
         if self.draft is None or self.stopping:
             return
         if not self.draft_id:
-            self.draft_id = index + 1  # non-zero, and the same when a restart replays the block
+            # Non-zero, the same when a restart replays the block, and naming this turn: a late
+            # press of a finished draft's stop button never stops the turn after it.
+            self.draft_id = draftids.draft_id(self._owned(), index)
         self.draft.show(self.draft_id, text)
 
     async def _stop(self) -> None:
         """L*: the person asked to stop (the draft's button, /stop; durable on the record). A turn
         is cancelled in eve by its id (the conversation stays); a compaction as under C4."""
+        first = not self.stopping
         self.stopping = True
-        if self.draft is not None:
-            await self.draft.settle()
+        await self._end_draft()
         if self.typing is not None:
             await self.typing.stop()
         c = self.compaction
         if c is not None:
-            METRICS.stops.labels(kind="compaction").inc()
+            if first:
+                METRICS.stops.labels(kind="compaction").inc()
             await c.interrupt()
+            self.cancel_sent = True
             return
-        METRICS.stops.labels(kind="turn").inc()
+        if first:
+            METRICS.stops.labels(kind="turn").inc()
         try:
             result = await self.s.eve.cancel(self.session, turn_id=self.turn_id)
         except eve.EveError as exc:
-            # The mark stays: the next look (turn.started, a poke, a restart) cancels again.
-            logger.warning("eve_cancel_failed", error=str(exc))
+            # The mark stays and the cancel is tried again: on the next poke (a message, another
+            # /stop), at turn.started, after a restart, and on its own after a backoff.
+            self.cancel_failures += 1
+            wait = backoff.EVE.delay(self.cancel_failures)
+            logger.warning("eve_cancel_failed", error=str(exc), wait=round(wait, 1))
+            asyncio.get_running_loop().call_later(wait, self.inbox.put_nowait, POKE)
             return
+        self.cancel_sent = True
         logger.info("turn_stop_sent", turn=self.turn_id, status=result.status)
+
+    async def _lose(self, why: str) -> None:
+        await self._end_draft()  # the "please repeat" line is the last thing shown
+        await lose(self.s, self.address, self.claim, why)
+
+    async def _end_draft(self) -> None:
+        """Before a message of ours goes out in the middle of a turn (a question, a notice): the
+        draft shows nothing more and no frame can land after the message; the next block gets a
+        draft of its own."""
+        if self.draft is not None:
+            await self.draft.settle()
+        self.draft_id = 0
 
     async def _show_prompts(self, event: eve.InputRequested, claim: str) -> None:
         """T5: each question or approval as a message with its options as inline buttons."""

@@ -53,7 +53,12 @@ def fit(text: str) -> str:
     """What a draft can show: the whole text, or its tail when it is longer than a message."""
     if len(text.encode("utf-16-le")) // 2 <= DRAFT_CHARS:
         return text
-    tail = text[-(DRAFT_CHARS - 200):]
+    # Telegram counts UTF-16 units (an emoji is two): the tail is cut by those, not characters.
+    room, start = DRAFT_CHARS - 200, len(text)
+    while start > 0 and room - (2 if ord(text[start - 1]) > 0xFFFF else 1) >= 0:
+        start -= 1
+        room -= 2 if ord(text[start]) > 0xFFFF else 1
+    tail = text[start:]
     return "…" + tail[tail.find(" ") + 1:] if " " in tail[:200] else "…" + tail
 
 

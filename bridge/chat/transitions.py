@@ -29,7 +29,7 @@ from diskqueue import DiskQueue, Message, State
 
 from ..payloads import InputAnswer, Kind, Origin, QueuedMessage, decode
 from ..store import CancelMark, Chat, ChatStatus, CompactPhase, Store
-from . import albums, parking
+from . import albums, draftids, parking
 
 if TYPE_CHECKING:
     from ..notebook import Notebook
@@ -452,15 +452,21 @@ class Transitions:
             await self._write(address, _IDLE)
             return True
 
-    async def want_stop(self, address: str) -> Chat | None:
+    async def want_stop(self, address: str, *, draft: int | None = None) -> Chat | None:
         """busy(turn|compacting) → the same, with the stop mark (L*: the stop button, /stop): the
-        consumer cancels in eve. The chat as it was; None when nothing runs (idle, released) or
-        a stop is already asked for."""
+        consumer cancels in eve. The chat as it was (also when a stop was asked for already: the
+        consumer is woken to try the cancel again); None when nothing runs (idle, released), or
+        when ``draft`` (the stop button's draft id) belongs to a turn that is over — a late press
+        never stops the turn that came after."""
         async with self.store.db.transaction():
             chat = await self.store.chat(address)
-            if chat is None or not chat.busy or chat.stop_wanted or chat.reset_requested:
+            if chat is None or not chat.busy or chat.reset_requested:
                 return None
-            await self._write(address, stop_wanted=True)
+            if draft is not None and (chat.kind is not Kind.TURN or chat.claim is None
+                                      or not draftids.of_turn(draft, chat.claim)):
+                return None
+            if not chat.stop_wanted:
+                await self._write(address, stop_wanted=True)
             return chat
 
     async def want_cancel(self, address: str, claim: str) -> bool:

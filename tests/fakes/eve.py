@@ -124,11 +124,13 @@ class FakeEve:
         self.failing_texts: set[str] = set()  # a send whose text holds one of these: 500, never taken (F6)
         self.failed_sends = 0
         self.cancel_errors = 0  # the next N cancels answer 500 (and cancel nothing)
+        self.cancel_ignored_while_asking = False  # an eve whose cancel cannot end a turn waiting on input
         self.tamper: dict[str, dict[str, Any]] = {}  # event type → fields laid over its next emission (F6)
         self.unhealthy = False  # /eve/v1/health answers 503 (eve down behind a proxy)
         self.summary_delay = 0.0
         self.summary_fail = False
         self.step_delay = 0.0
+        self.ask_as_action = False  # review: a question shows as the model's tool call first
         self.send_at: dict[str, float] = {}  # message text → monotonic time its send arrived (benchmarks)
         self.completed_at: dict[str, float] = {}  # reply text → monotonic time message.completed was emitted
         self.first_delta_at: dict[str, float] = {}  # reply text → monotonic time its first message.appended was emitted
@@ -533,6 +535,10 @@ class FakeEve:
                 if "ask" in marks and step == 0:
                     prompt, *options = marks["ask"].split("|")
                     request_id = f"req_{seq}"
+                    if self.ask_as_action:
+                        await self._emit(s, "actions.requested", {"actions": [{
+                            "callId": f"call_{seq}", "input": {}, "kind": "tool-call", "toolName": "ask_question"}],
+                            "stepIndex": step, **turn}, deliveries)
                     await self._emit(s, "input.requested", {"requests": [{
                         "requestId": request_id, "kind": "question", "prompt": prompt, "allowFreeform": True,
                         "options": [{"id": o, "label": o.title()} for o in options],
@@ -541,7 +547,15 @@ class FakeEve:
                     await self._emit(s, "turn.waiting", {"on": "input", **turn}, deliveries)
                     s.asking = True
                     try:
-                        how, value, delivery = await s.answers.get()
+                        answer = asyncio.ensure_future(s.answers.get())
+                        waits = {answer} if self.cancel_ignored_while_asking else {answer, asyncio.ensure_future(s.cancel.wait())}
+                        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                        for task in pending:
+                            task.cancel()
+                        if answer not in done:  # cancelled while waiting on the person
+                            await self._emit(s, "turn.cancelled", turn, deliveries)
+                            return
+                        how, value, delivery = answer.result()
                     finally:
                         s.asking = False
                     deliveries.append(delivery)
