@@ -26,7 +26,7 @@ from .chat import parking
 from .config import ConfigError, Settings
 from .http import OVERDUE_FACTOR
 from .sender import undecodable
-from .store import read_status
+from .store import SchemaMismatch, read_status
 
 __all__ = ["main"]
 
@@ -189,7 +189,7 @@ def _status(args: argparse.Namespace) -> int:
         return 1
     try:
         snapshot = read_status(path)
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, SchemaMismatch) as exc:
         print(f"iva status: cannot read {path}: {one_line(str(exc))}", file=sys.stderr)
         return 1
     try:

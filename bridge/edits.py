@@ -15,10 +15,10 @@ same transaction order as the claim of a turn, so an edit and a claim never inte
 * **eve has it** (done, or in flight with eve's acceptance recorded): a new message marked
   ``[correction of my earlier message]`` with the new words (a new or replaced file goes with
   it), queued like any message — the chat's turn policy decides when eve sees it.
-* **unknown** (never queued — sent before the bot was there, or pruned by retention): queued as
-  an ordinary message.
+* **unknown** (never queued — sent before the bot was there, pruned by retention, or refused
+  as it first read, e.g. a bare mention): queued as an ordinary message.
 * **nothing changed** (the words and the file are what eve has or will get), **a message we
-  refused or answered ourselves** (a command, a video), **a message /new dropped**: nothing
+  answered ourselves** (a command), **a message /new dropped**: nothing
   goes to eve (logged).
 
 Each edit is handled once: its dedupe key is the chat, the message id and the edit date (plus a
@@ -75,8 +75,10 @@ async def commit_edit(queue: DiskQueue, store: Store, address: str, *, original:
         return EditOutcome.DUPLICATE, None
     # The message: the one with the original key, or else the edit that was queued in its place
     # (an original we never had: its later edits revise that one).
-    first = next((row for row in history if row.dedupe_key == original), None) or next(
-        (row for row in history if row.payload.get("kind") == QueuedMessage.kind), None)
+    # A message we refused (a bare mention, a video) counts as never queued: edited into one we
+    # take, it is queued now — once; a later edit revises that one.
+    first = next((row for row in history if row.dedupe_key == original and row.payload.get("kind") != "refused"),
+                 None) or next((row for row in history if row.payload.get("kind") == QueuedMessage.kind), None)
     if first is None:
         row = await queue.enqueue(address, item.to_payload(), dedupe_key=key)
         return (EditOutcome.NEW, row) if row is not None else (EditOutcome.DUPLICATE, None)

@@ -103,13 +103,17 @@ class Ingest:
         """Poll forever; only cancellation ends it."""
         await self.leave_webhook()
         failures = 0
+        caught_up = False
         while True:
             self.alive_at = time.monotonic()
             asked = time.monotonic()
             try:
+                # The first poll does not wait: what Telegram held while we were down comes at
+                # once, and after it we know we have caught up (an album's settling counts from
+                # then: a part redelivered after a restart is committed by then).
                 updates: list[Update | int] = await self.bot.get_updates(  # type: ignore[assignment]
                     offset=self.offset,
-                    timeout=POLL_TIMEOUT,
+                    timeout=POLL_TIMEOUT if caught_up else 0,
                     allowed_updates=ALLOWED_UPDATES,
                     request_timeout=POLL_TIMEOUT + 15,
                 )
@@ -142,7 +146,7 @@ class Ingest:
                 continue
             failures = 0
             self.last_poll_ok = time.time()
-            if not updates and time.monotonic() - asked < EMPTY_POLL_FLOOR:
+            if not updates and caught_up and time.monotonic() - asked < EMPTY_POLL_FLOOR:
                 # A server that answers a long poll at once (an emulator, a proxy) must not make
                 # us ask thousands of times a second.
                 await asyncio.sleep(EMPTY_POLL_FLOOR - (time.monotonic() - asked))
@@ -153,6 +157,9 @@ class Ingest:
                 await self.commit_update(update)
                 self.offset = update.update_id + 1
                 self.alive_at = time.monotonic()
+            if not caught_up:
+                caught_up = True
+                self.transitions.caught_up()
 
     def _salvage(self, exc: ClientDecodeError) -> list[Update | int] | None:
         """The updates of a batch that failed validation, one by one; an undecodable one stays
@@ -305,12 +312,16 @@ class Ingest:
         inbound = classify(message, self.me)
         address = inbound.address
         structlog.contextvars.bind_contextvars(chat_id=address.chat_id, thread_id=address.thread_id, msg_id=message.message_id)
-        if not inbound.addressed and message.media_group_id is not None and \
-                await self.queue.history(_album_key(message.chat.id, message.media_group_id)):
+        album = _album_key(message.chat.id, message.media_group_id) if message.media_group_id is not None else None
+        if not inbound.addressed and album is not None and \
+                any(row.dedupe_key == album for row in await self.queue.history(album)):
             # A group album addresses the bot by its caption's mention, on one part only: the
             # other parts of an album we took are ours too.
             inbound = dataclasses.replace(inbound, addressed=True)
-        if not inbound.addressed:
+        # A part of a group album that does not (yet) address the bot is held: the mention may be
+        # on a later part's caption (Telegram lets every part have one), and then it is ours too.
+        hold = not inbound.addressed and album is not None and not inbound.private
+        if not inbound.addressed and not hold:
             return "not_addressed"
         if not self.settings.may_talk(user.id):
             logger.info("stranger_ignored", user_id=user.id)
@@ -321,13 +332,27 @@ class Ingest:
             return await self.commands.handle(inbound.command, message, address, lang, key, inbound.command_args)
         prepared = self._prepare(message, inbound, user, lang)
         if isinstance(prepared, str):
+            if hold:
+                return "not_addressed"
             return await self._refuse(address, key, message.message_id, prepared)
+        if hold:
+            assert album is not None
+            async with self.store.db.transaction():
+                await self.queue.remember(str(address), {"kind": "album_held", "item": prepared.to_payload(),
+                                                         "message_id": message.message_id},
+                                          dedupe_key=f"{album}:held:{message.message_id}")
+            return "album_part_held"
         async with self.store.db.transaction():
             await self.transitions.touch(str(address), address.chat_id, address.thread_id, lang)
             row = await self.queue.enqueue(str(address), prepared.to_payload(), dedupe_key=key)
-            if row is not None and prepared.album is not None:
-                await self.queue.remember(str(address), {"kind": "album"},
-                                          dedupe_key=_album_key(message.chat.id, prepared.album))
+            if row is not None and album is not None:
+                await self.queue.remember(str(address), {"kind": "album"}, dedupe_key=album)
+                for held in await self.queue.history(album):
+                    # The parts that came before the one that addressed the bot (their own keys:
+                    # a redelivery of one of them is a duplicate).
+                    if held.payload.get("kind") == "album_held" and held.address == str(address):
+                        await self.queue.enqueue(str(address), held.payload["item"],
+                                                 dedupe_key=message_key(message.chat.id, held.payload["message_id"]))
             notice = await self._notice(address, key, message.message_id, lang) if row is not None else False
             chat = await self.store.chat(str(address))
         if row is None:

@@ -22,7 +22,7 @@ from diskqueue import Database
 from .payloads import Kind, Origin
 
 __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "Outgoing",
-           "Store", "read_status"]
+           "SchemaMismatch", "Store", "read_status"]
 
 SCHEMA_VERSION = 7
 
@@ -587,6 +587,18 @@ class Store:
         )
 
 
+class SchemaMismatch(Exception):
+    """The state database's schema is not this Iva's (``iva status`` never migrates)."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        if version < SCHEMA_VERSION:
+            why = f"schema {version}, older than this Iva's {SCHEMA_VERSION}: start the bridge once to migrate it"
+        else:
+            why = f"schema {version}, newer than this Iva's {SCHEMA_VERSION}: run the Iva that wrote it"
+        super().__init__(why)
+
+
 def read_status(path: Path, *, now: float | None = None) -> dict[str, Any]:
     """What ``iva status`` shows, read from the state database at ``path`` without ever writing
     or locking it: a read-only connection (``mode=ro``), one read transaction (a consistent
@@ -602,6 +614,11 @@ def read_status(path: Path, *, now: float | None = None) -> dict[str, Any]:
     conn.row_factory = sqlite3.Row
     try:
         conn.execute("BEGIN")  # deferred: a read snapshot, never a write lock
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version != SCHEMA_VERSION:
+            # Not migrated yet (an upgrade before the daemon's first start) or from a newer Iva:
+            # its columns are not the ones read below.
+            raise SchemaMismatch(version)
         queue = {r["address"]: (r["queued"], r["inflight"]) for r in conn.execute(
             "SELECT address, sum(state = 0) AS queued, sum(state = 1) AS inflight FROM diskqueue_messages "
             "WHERE state IN (0, 1) GROUP BY address")}

@@ -110,6 +110,7 @@ class Webhook:
         try:
             await self._serve()
             await self._set()
+            self.ingest.transitions.caught_up()  # what Telegram held comes from now on (albums)
             next_check = 0.0
             while True:
                 self._tick()

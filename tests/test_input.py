@@ -105,7 +105,7 @@ async def test_a_reply_to_ones_own_file_names_it_and_does_not_send_it_again(harn
         ann, OWNER, caption="the report", document={"file_id": "doc9", "file_unique_id": "d9",
                                                     "file_name": "q3.pdf", "mime_type": "application/pdf"})})
     assert await answered(harness, tg, fake_eve, group=False) == \
-        "> (replying to Ann) [document: q3.pdf] the report\nwhat did I send?"
+        "> (replying to \"Ann\") [document: q3.pdf] the report\nwhat did I send?"
     assert tg.calls_of("getFile") == []
     assert all(isinstance(b["message"], str) for s in fake_eve.sessions.values() for b in s.sends)
 
@@ -117,7 +117,7 @@ async def test_in_a_group_a_reply_to_someone_else_names_them_and_their_photo(har
     await write(tg, "what breed is it?", group=True, mention=True,
                 extra={"reply_to_message": replied(BOB, GROUP, photo=photo, caption="my cat")})
     assert await answered(harness, tg, fake_eve, group=True) == \
-        "> (replying to Bob Stone) [photo] my cat\nAnn: what breed is it?"
+        "> (replying to \"Bob Stone\") [photo] my cat\nAnn: what breed is it?"
     assert tg.calls_of("getFile") == []
 
 
@@ -127,7 +127,7 @@ async def test_in_a_group_a_bare_mention_under_a_message_asks_about_it(harness: 
     await write(tg, "", group=True, mention=True,
                 extra={"reply_to_message": replied(BOB, GROUP, text="the meeting moved to 5 pm")})
     assert await answered(harness, tg, fake_eve, group=True) == \
-        "> (replying to Bob Stone) the meeting moved to 5 pm\nAnn:"
+        "> (replying to \"Bob Stone\") the meeting moved to 5 pm\nAnn:"
 
 
 async def test_a_reply_to_a_message_in_another_chat_names_its_author_and_chat(harness: Harness, tg: FakeTelegram,
@@ -138,7 +138,7 @@ async def test_a_reply_to_a_message_in_another_chat_names_its_author_and_chat(ha
                            "chat": {"id": -100777, "type": "supergroup", "title": "Book club"}, "message_id": 5},
         "quote": {"text": "chapter two is the best", "position": 0}})
     assert await answered(harness, tg, fake_eve, group=False) == \
-        '> (quoting Bob, in "Book club") chapter two is the best\nis that right?'
+        '> (quoting "Bob", in "Book club") chapter two is the best\nis that right?'
 
 
 async def test_in_a_group_a_reply_to_a_channel_post_names_the_channel_and_its_media(
@@ -150,7 +150,7 @@ async def test_in_a_group_a_reply_to_a_channel_post_names_the_channel_and_its_me
         "chat": channel, "message_id": 3,
         "photo": [{"file_id": "ph8", "file_unique_id": "p8", "width": 10, "height": 10}]}})
     assert await answered(harness, tg, fake_eve, group=True) == \
-        "> (replying to Daily News) [photo]\nAnn: is this true?"
+        "> (replying to \"Daily News\") [photo]\nAnn: is this true?"
 
 
 async def test_in_a_forum_topic_the_topics_first_message_is_not_a_reply(harness: Harness, tg: FakeTelegram,

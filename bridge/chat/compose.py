@@ -8,7 +8,8 @@ the person's words (issue 14)::
     Ann: the person's words
 
 "(replying to X)" for the whole message, "(quoting X)" for a part the person selected; X is "you"
-(the assistant's own answer), the author's name, or "a message" when Telegram does not say;
+(the assistant's own answer), the author's name in quotes (``"Ann"``: nobody can name themselves
+"you"), or "a message" when Telegram does not say;
 ", in "Title"" or ", in another topic" follows for a message from elsewhere. The text is at most
 1 000 characters (then "…"); its attachments are named ("[photo]"), never sent again.
 
@@ -98,7 +99,9 @@ async def compose(bot: Bot, items: Sequence[Queued], *, max_file_mb: int,
 
 def framed(reply: Reply) -> str:
     """The replied-to message as quoted lines (the module's docstring shows the shape)."""
-    who = "you" if reply.assistant else reply.author or "a message"
+    # Another author's name is in quotes: nobody can name themselves so as to read as "you"
+    # (the assistant's own words) or as the framing itself.
+    who = "you" if reply.assistant else f'"{reply.author}"' if reply.author else "a message"
     where = f", in {reply.where}" if reply.where else ""
     head = f"({'quoting' if reply.partial else 'replying to'} {who}{where})"
     lines = reply.text.splitlines() or [""]

@@ -519,7 +519,7 @@ class BusyPeriod:
             return False
         # An album steers whole, once settled (issue 14): a part arriving alone waits for the rest.
         taken = albums.cut(claimed, [decode(m.payload) for m in claimed], await s.queue.queued(self.address),
-                           limit=limit, now=time.time(), started=s.transitions.started_at)
+                           limit=limit, now=time.time(), started=s.transitions.album_clock())
         if taken.take < len(claimed):
             await s.queue.nack([m.id for m in claimed[taken.take:]], claim=steer)
             claimed = claimed[:taken.take]

@@ -11,7 +11,7 @@ import structlog
 import eve_client as eve
 
 from .. import log
-from ..payloads import Queued, QueuedMessage
+from ..payloads import Queued, QueuedMessage, decode
 from .compose import Composed, compose
 from .endings import say_unheard
 from .services import Services
@@ -47,6 +47,15 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
         if any(isinstance(i, QueuedMessage) and i.attachment is not None for i in items):
             await held.enter_async_context(s.files)  # the files of at most FILE_TURNS turns in memory at once
         composed = await _compose(s, address, items)
+        for _ in range(3):
+            # An edit while the turn was put together (a file fetched, a recording transcribed)
+            # replaced the words on the record: eve gets the corrected ones (issue 14, edits.py).
+            now = await _as_recorded(s, address, steer_claim or claim, steered, len(items))
+            if now is None or now == list(items):
+                break
+            logger.info("turn_recomposed_after_edit")
+            items = now
+            composed = await _compose(s, address, items)
         for attempt in (1, 2):
             session = await _ensure_session(s, address, claim)
             context, marks = await _state_block(s, address, policy)
@@ -63,6 +72,13 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
                                           steer_claim=steer_claim)
             return delivery
     raise AssertionError("unreachable")
+
+
+async def _as_recorded(s: Services, address: str, claim: str, ids: Sequence[int], count: int) -> list[Queued] | None:
+    """The claimed messages as the record has them now (None when they are not all there: the
+    caller's own items stand)."""
+    rows = [m for m in await s.queue.inflight(address) if m.claim == claim and (not ids or m.id in ids)]
+    return [decode(m.payload) for m in rows] if len(rows) == count else None
 
 
 async def _compose(s: Services, address: str, items: Sequence[Queued]) -> Composed:

@@ -144,7 +144,19 @@ class Transitions:
     queue: DiskQueue
     notebook: Notebook | None = None
     clock: Any = field(default=time.time)
-    started_at: float = field(default_factory=time.time)  # this process's start (an album's settling)
+    # When ingest caught up with what Telegram held at this start (an album's settling counts from
+    # then, so a part redelivered after a restart joins its album); None until then.
+    started_at: float | None = None
+
+    def caught_up(self) -> None:
+        """Ingest has what Telegram held at this start (the first poll's batch, or the webhook set)."""
+        if self.started_at is None:
+            self.started_at = self.clock()
+
+    def album_clock(self) -> float:
+        """Where an album's settling may start at the earliest: after catching up (until then, now:
+        an album waits and looks again)."""
+        return self.started_at if self.started_at is not None else self.clock()
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -214,7 +226,7 @@ class Transitions:
             if not messages:
                 return None
             taken = albums.cut(messages, items, await self.queue.queued(address), limit=limit, now=self.clock(),
-                               started=self.started_at)
+                               started=self.album_clock())
             if taken.take < len(messages):
                 await self.queue.nack([m.id for m in messages[taken.take:]], claim=claim)
                 messages, items = messages[:taken.take], items[:taken.take]

@@ -96,3 +96,24 @@ async def test_status_uses_iva_state_dir_and_names_a_missing_database(tmp_path: 
     code, out = _run()
     assert code == 1 and "no state database at" in capsys.readouterr().err
     assert not (tmp_path / "nowhere").exists()  # read-only: nothing created
+
+
+def test_status_on_a_database_not_migrated_yet_says_one_line(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """An operator runs `iva status` after an upgrade, before the daemon's first start migrated
+    the database: one line naming the schema and what to do, never a traceback (review)."""
+    from bridge.store import _MIGRATIONS
+    from diskqueue._queue import _SCHEMA
+
+    db = tmp_path / "iva.sqlite3"
+    conn = sqlite3.connect(db)
+    conn.executescript(_SCHEMA)
+    conn.executescript(_MIGRATIONS[1])  # an Iva from before compactions and the notebook (schema 1)
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("INSERT INTO chats (address, chat_id, created_at, updated_at) VALUES ('42', 42, ?, ?)",
+                 (time.time(), time.time()))
+    conn.commit()
+    conn.close()
+    assert main(["status", "--state", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "schema 1, older than this Iva's" in err and "start the bridge once" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
