@@ -99,7 +99,8 @@ async def _check(settings: Settings) -> int:
                 problems.append(f"eve: /eve/v1/info failed: {exc}")
             except Exception as exc:  # iva check never shows a traceback: one line per problem
                 problems.append(f"eve: /eve/v1/info answered something unexpected: {type(exc).__name__}: {exc}")
-    secrets = [x for x in (settings.telegram_token, settings.eve_token, settings.api_token, settings.mcp_token) if x]
+    secrets = [x for x in (settings.telegram_token, settings.eve_token, settings.api_token, settings.mcp_token,
+                           settings.webhook_secret) if x]
     for line in warnings:
         print(f"warn {one_line(line, secrets=secrets)}")
     for line in problems:

@@ -219,7 +219,7 @@ class Webhook:
             return web.Response(status=413, text="too large")
         try:
             data = json.loads(body)
-        except ValueError as exc:  # not JSON, or not UTF-8
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested past Python's stack
             logger.error("webhook_body_malformed", error=str(exc)[:200], size=len(body))
             return web.Response(status=400, text="not json")
         update_id = data.get("update_id") if isinstance(data, dict) else None

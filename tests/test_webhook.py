@@ -78,6 +78,7 @@ async def test_a_wrong_or_missing_secret_is_refused(tg, fake_eve, daemon_factory
     assert await post(url, b"{not json", right) == 400
     assert await post(url, b'{"no": "update_id"}', right) == 400
     assert await post(url, b"[1, 2]", right) == 400
+    assert await post(url, b"[" * 100_000 + b"]" * 100_000, right) == 400  # nested past the stack: no 500
     assert await post(url, b'{"update_id": 1, "pad": "' + b"x" * (1024 * 1024) + b'"}', right) == 413
     assert await post(url, b'{"update_id": 777002, "message": {"message_id": "x"}}', right) == 200
     await tg.message("the real one", user_id=OWNER)
