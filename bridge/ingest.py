@@ -45,6 +45,7 @@ __all__ = ["Ingest"]
 logger = log.get("bridge.ingest")
 
 POLL_TIMEOUT = 25
+BATCH_LIMIT = 100  # updates in one getUpdates answer, at most (Telegram's default limit)
 EMPTY_POLL_FLOOR = 0.5  # seconds between two empty answers to a long poll, at least
 ALLOWED_UPDATES = ["message", "edited_message", "callback_query", "my_chat_member", "stopped_message_generation"]
 RECEIPT_QUEUED = "👀"
@@ -157,7 +158,7 @@ class Ingest:
                 await self.commit_update(update)
                 self.offset = update.update_id + 1
                 self.alive_at = time.monotonic()
-            if not caught_up:
+            if not caught_up and len(updates) < BATCH_LIMIT:  # a full batch: more are waiting
                 caught_up = True
                 self.transitions.caught_up()
 
@@ -344,15 +345,16 @@ class Ingest:
             return "album_part_held"
         async with self.store.db.transaction():
             await self.transitions.touch(str(address), address.chat_id, address.thread_id, lang)
-            row = await self.queue.enqueue(str(address), prepared.to_payload(), dedupe_key=key)
-            if row is not None and album is not None:
-                await self.queue.remember(str(address), {"kind": "album"}, dedupe_key=album)
+            if album is not None and not await self.queue.history(key):
                 for held in await self.queue.history(album):
-                    # The parts that came before the one that addressed the bot (their own keys:
-                    # a redelivery of one of them is a duplicate).
+                    # The parts that came before the one that addressed the bot, first, in their
+                    # order (their own keys: a redelivery of one of them is a duplicate).
                     if held.payload.get("kind") == "album_held" and held.address == str(address):
                         await self.queue.enqueue(str(address), held.payload["item"],
                                                  dedupe_key=message_key(message.chat.id, held.payload["message_id"]))
+            row = await self.queue.enqueue(str(address), prepared.to_payload(), dedupe_key=key)
+            if row is not None and album is not None:
+                await self.queue.remember(str(address), {"kind": "album"}, dedupe_key=album)
             notice = await self._notice(address, key, message.message_id, lang) if row is not None else False
             chat = await self.store.chat(str(address))
         if row is None:

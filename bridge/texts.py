@@ -136,6 +136,10 @@ _TEXTS: dict[str, dict[Lang, str]] = {
         "en": "Sorry, I couldn't answer that ({reason}). Please try again.",
         "ru": "Не получилось ответить ({reason}). Попробуйте ещё раз.",
     },
+    "session_lost_after_answer": {
+        "en": "I lost the thread of our conversation after that answer; your next message starts a new one.",
+        "ru": "После этого ответа я потерял нить разговора; следующее сообщение начнёт новый.",
+    },
     "session_lost": {
         "en": "I lost the thread of our conversation and started a new one. Please repeat your last request.",
         "ru": "Я потерял нить разговора и начал новый. Пожалуйста, повторите последний запрос.",

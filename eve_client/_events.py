@@ -384,6 +384,8 @@ def parse_event(line: str | bytes, index: int) -> Event | MalformedLine:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
         return MalformedLine(index, text[:300], f"not JSON: {exc}")
+    except RecursionError:
+        return MalformedLine(index, text[:300], "nested past the parser's depth")
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
         return MalformedLine(index, text[:300], "not an event object with a type")
     meta_raw, data_raw = raw.get("meta"), raw.get("data")

@@ -150,3 +150,26 @@ def test_a_long_draft_fits_telegram_limit_in_utf16_units():
     from bridge.chat.live import DRAFT_CHARS, fit
     shown = fit("😀 " * 3000)
     assert len(shown.encode("utf-16-le")) // 2 <= DRAFT_CHARS
+
+
+async def test_stop_after_a_question_open_longer_than_the_busy_timeout_keeps_the_session(
+        tmp_path, tg: FakeTelegram, fake_eve: FakeEve):
+    """L*/F5 (review): a question open longer than the busy timeout (allowed), then /stop on an
+    eve that cancels it: the busy timeout counts from the stop, so the cancel lands, the chat is
+    free and the session kept (it counted from the question and lost the session at once)."""
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_BUSY_TIMEOUT="2")
+    await h.start()
+    try:
+        await tg.message("deploy? [[ask=Deploy to prod?|approve|cancel]]", user_id=OWNER)
+        await h.until(lambda: h.maybe_chat() is not None and h.maybe_chat().waiting_input, what="waiting")
+        await asyncio.sleep(3)  # the question stays open past the busy timeout: fine under F5
+        await tg.message("/stop", user_id=OWNER)
+        await h.until(lambda: len(cancels(fake_eve)) == 1, what="the cancel")
+        await h.settled(timeout=20)
+        assert state_of(await h.chat()) is ChatState.IDLE
+        assert not any("repeat" in t for t in tg.texts()), tg.texts()
+        await tg.message("still there?", user_id=OWNER)
+        await h.settled(timeout=20)
+        assert len(fake_eve.sessions) == 1, "the conversation was dropped by the stop"
+    finally:
+        await h.stop()

@@ -3,10 +3,12 @@
 Telegram sends an album (photos or documents sent together) as one message per part, sharing a
 ``media_group_id``, a few milliseconds apart. Each part is committed on arrival like any message;
 the chat waits for the album to settle — :data:`SETTLE` seconds after its last part arrived, and
-never before this process has been up that long (a part Telegram redelivers after a restart is
-committed within it) — and then claims every part of it at once, so eve sees one turn with every
-file and the captions. A batch limit never splits an album (one that leads the batch is taken
-whole, one that does not waits for the next turn); the files budget still may (a huge album).
+never sooner than that after ingest caught up with what Telegram held at this start (a part
+redelivered after a restart is committed by then) — and then claims every part of it at once, so
+eve sees one turn with every file and the captions. A batch limit never splits an album (one that
+leads the batch is taken whole, one that does not waits for the next turn), the claim looks
+:data:`LOOKAHEAD` messages past the limit to see whole albums, even two interleaved; only more
+interleaving than that, or the files budget (a huge album), may split one.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from diskqueue import Message
 
 from ..payloads import Queued, QueuedMessage
 
-__all__ = ["LARGEST", "SETTLE", "Cut", "cut"]
+__all__ = ["LARGEST", "LOOKAHEAD", "SETTLE", "Cut", "cut"]
 
 SETTLE = 1.0  # seconds after an album's last part before it is claimed
-LARGEST = 10  # parts in an album, at most (Telegram's limit): a claim looks this far past its limit
+LARGEST = 10  # parts in an album, at most (Telegram's limit)
+LOOKAHEAD = 2 * LARGEST  # a claim looks this far past its limit: two albums sent at once, interleaved
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,7 @@ def cut(claimed: Sequence[Message], items: Sequence[Queued], waiting: Sequence[M
     for i, item in enumerate(items):
         if (album := _album(item)) is not None:
             where.setdefault(album, []).append(i)
+    beyond = {row.payload.get("album") for row in waiting}  # albums with parts not even claimed
 
     def settles(album: str) -> float:
         return max(last[album], started) + settle
@@ -66,7 +70,8 @@ def cut(claimed: Sequence[Message], items: Sequence[Queued], waiting: Sequence[M
     take = max(min(limit, len(items)), must)
     while True:
         inside = {a for a, at in where.items() if at[0] < take}
-        split = sorted((where[a][0], a) for a in inside if where[a][-1] >= take or settles(a) > now)
+        split = sorted((where[a][0], a) for a in inside
+                       if where[a][-1] >= take or settles(a) > now or (a in beyond and where[a][0] >= must))
         if not split:
             return Cut(take)
         first, album = split[0]

@@ -136,7 +136,8 @@ class Compaction:
             case eve.CompactionCompleted():
                 self.completed = True
             case eve.SessionWaiting() if self.requested or self.cancel is CancelMark.SENT:
-                await self.finish(ok=self.completed and self.cancel is None, cursor=cursor)
+                # A cancel that came after eve completed it cancelled nothing: it completed (C4/C7).
+                await self.finish(ok=self.completed, cursor=cursor)
                 return True
             case eve.TurnStarted():
                 # A message reached eve while we watched a released compaction: it is a turn now.

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,7 @@ def framed(reply: Reply) -> str:
     """The replied-to message as quoted lines (the module's docstring shows the shape)."""
     # Another author's name is in quotes: nobody can name themselves so as to read as "you"
     # (the assistant's own words) or as the framing itself.
-    who = "you" if reply.assistant else f'"{reply.author}"' if reply.author else "a message"
+    who = "you" if reply.assistant else json.dumps(reply.author, ensure_ascii=False) if reply.author else "a message"
     where = f", in {reply.where}" if reply.where else ""
     head = f"({'quoting' if reply.partial else 'replying to'} {who}{where})"
     lines = reply.text.splitlines() or [""]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 
 import structlog
 
@@ -42,6 +43,7 @@ __all__ = ["POKE", "BusyPeriod"]
 logger = log.get("bridge.chat.consumer")
 
 RESUME_GRACE = 10.0
+STEER_GRACE = 3.0  # seconds parking waits for eve's turn with a steer it may have (F4)
 WAITING_ON_PERSON = 7 * 24 * 3600.0  # a question open this long without an answer: the turn is lost
 POKE = object()
 # What a handler raises on an event of a shape it does not expect (a bad event, F6).
@@ -86,9 +88,14 @@ class BusyPeriod:
         self.block = ""
         self.draft_id = 0
         self.turn_id: str | None = None
+        self.steer_grace: float | None = None  # parking waits until then for eve's turn with an unsure steer
+        self.unsent_grace: float | None = None  # an unrecorded send: resent if eve begins no turn by then
         self.stopping = chat.stop_wanted
         self.cancel_sent = False  # eve accepted the stop's cancel (until then a poke tries again)
         self.cancel_failures = 0
+        self.cancel_retry: asyncio.TimerHandle | None = None
+        self.reader: asyncio.Task[None]  # the stream's reader (a new one after an unexpected error)
+        self.reader_failures = 0
         self.stopped_shown = False
         self.usage = [0, 0, 0, 0]  # steps, input, output, cache read: spend not yet committed
 
@@ -110,7 +117,7 @@ class BusyPeriod:
             self.typing.start()
             if self.s.settings.streaming == "draft" and self.chat.chat_id > 0:  # drafts: private chats only
                 self.draft = Draft(self.s.sender.bot, self.chat.chat_id, self.chat.thread_id)
-        reader = asyncio.create_task(self._reader(), name=f"stream:{self.address}")
+        self.reader = asyncio.create_task(self._reader(), name=f"stream:{self.address}")
         started = time.monotonic()
         try:
             if self.compaction is not None and self.compaction.phase is CompactPhase.WANTED:
@@ -126,10 +133,10 @@ class BusyPeriod:
                 await self.typing.stop()
             if self.draft is not None:
                 await self.draft.close()
-            reader.cancel()
+            self.reader.cancel()
             # Wait for the reader without taking its cancellation for ours: a consumer cancelled
             # here (shutdown) must still end, not swallow the CancelledError and go on.
-            await asyncio.wait({reader})
+            await asyncio.wait({self.reader})
             # What the reader had queued is dropped; a later consumer starts again from the cursor.
             while not self.inbox.empty():
                 self.inbox.get_nowait()
@@ -146,6 +153,10 @@ class BusyPeriod:
             await self.inbox.put(exc)
 
     def _deadline(self) -> tuple[float, str]:
+        if self.steer_grace is not None:
+            return self.steer_grace - time.monotonic(), "steer"
+        if self.unsent_grace is not None:
+            return self.unsent_grace - time.monotonic(), "unsent"
         if self.waiting_input and not self.answered and not self.stopping:
             # F5: waiting on the person is not "no progress": no busy timeout while a question
             # is open; a late answer reaches the same session. Once answered, eve must go on
@@ -164,6 +175,20 @@ class BusyPeriod:
                 async with asyncio.timeout(max(0.0, remaining)):
                     item = await self.inbox.get()
             except TimeoutError:
+                if why == "unsent":
+                    # eve is idle and began no turn with our message: it never had it. Back to the
+                    # head of the queue; the worker sends it again (F4, counted as before: F6).
+                    logger.info("unrecorded_send_not_at_eve")
+                    await self.s.transitions.give_back(self.address, self._owned())
+                    return
+                if why == "steer":
+                    # eve began no turn with the unsure steer: it never had it (parking puts it back
+                    # at the head of the queue, for the next turn).
+                    self.steer_grace = None
+                    logger.info("unsure_steer_not_at_eve")
+                    if await self._park(self._owned()):
+                        return
+                    continue
                 c = self.compaction
                 if why == "ack" and c is not None:
                     await c.ack_timeout(self.cursor)
@@ -198,7 +223,15 @@ class BusyPeriod:
                 METRICS.eve_errors.labels(kind="stream").inc()
                 raise item  # the worker waits and starts over from the cursor
             if isinstance(item, Exception):
-                raise item  # the reader's unexpected end: the worker logs it and starts over
+                # The reader's unexpected end (an error eve_client did not translate): logged, and
+                # a new reader from the cursor after a pause, in this busy period — so the busy
+                # timeout still counts: the same error at the same place each time is a stuck
+                # turn, lost when the timeout comes (F6), never a chat busy for ever.
+                self.reader_failures += 1
+                logger.error("stream_reader_failed", error=repr(item)[:300], failures=self.reader_failures)
+                await asyncio.sleep(min(5.0, backoff.EVE.delay(self.reader_failures)))
+                self.reader = asyncio.create_task(self._reader(), name=f"stream:{self.address}")
+                continue
             assert isinstance(item, eve.Event)
             self.progress = time.monotonic()
             self.cursor = item.index + 1
@@ -246,6 +279,13 @@ class BusyPeriod:
                 await tr.delivered(self.address, claim, delivery)
             self.pending.update(event.delivery_ids)
             self.deliveries_known = True
+        elif isinstance(event, eve.TurnStarted | eve.MessageReceived) and event.delivery_ids:
+            await self._adopt_steer(claim, event.delivery_ids)
+        if not self.deliveries_known and not self.in_turn and not self.turn_ended:
+            # Our send's answer was lost and eve has shown no turn of it yet: it may be queued behind
+            # what eve runs (a compaction: its turn starts right after the session.waiting,
+            # PROTOCOL.md §5). Idle with no turn for a moment: eve never had it.
+            self.unsent_grace = time.monotonic() + STEER_GRACE if isinstance(event, eve.SessionWaiting) else None
         match event:
             case eve.MessageAppended():
                 self.block += event.delta
@@ -346,8 +386,37 @@ class BusyPeriod:
             if not self.deliveries_known:
                 self.pending.clear()
         if isinstance(event, eve.SessionWaiting) and self.turn_ended and not self.pending:
+            if await self._unsure_steer(claim):
+                # A steer eve may have (its send's answer lost, or a restart before it was recorded)
+                # and no sign of it yet: eve starts a turn with it right after session.waiting if
+                # it has it (PROTOCOL.md §4). Park only once that did not come (F4).
+                self.steer_grace = time.monotonic() + STEER_GRACE
+                return False
             return await self._park(claim)
         return False
+
+    async def _unsure_steer(self, claim: str) -> list[int]:
+        """The messages of a steer eve may or may not have (still under the steer's own claim)."""
+        return [m.id for m in await self.s.queue.inflight(self.address) if m.claim == f"{claim}:steer"]
+
+    async def _adopt_steer(self, claim: str, deliveries: Sequence[str]) -> None:
+        """F4 for a steer: eve shows a message we have no record of sending while a steer is unsure —
+        it is that steer. Recorded as the turn's, so it is answered here and never sent again."""
+        steered = await self._unsure_steer(claim)
+        if not steered:
+            return
+        chat = await self.s.store.chat(self.address)
+        unknown = [d for d in deliveries if chat is not None and d not in chat.deliveries]
+        if not unknown:
+            return
+        for delivery in unknown:
+            await self.s.transitions.delivered(self.address, claim, delivery, steered=steered,
+                                               steer_claim=f"{claim}:steer")
+            steered = []
+        self.pending.update(unknown)
+        self.turn_ended, self.steer_grace = False, None
+        logger.info("unsure_steer_found_at_eve", deliveries=unknown)
+        self.inbox.put_nowait(POKE)  # messages that waited behind it may steer now
 
     async def _park(self, claim: str) -> bool:
         """The parking handler: release the chat, or move it straight into a compaction (C1, C2)."""
@@ -447,6 +516,8 @@ class BusyPeriod:
         is cancelled in eve by its id (the conversation stays); a compaction as under C4."""
         first = not self.stopping
         self.stopping = True
+        if first and self.waiting_input and not self.answered:
+            self.progress = time.monotonic()  # the busy timeout counts from the stop, not the question
         await self._end_draft()
         if self.typing is not None:
             await self.typing.stop()
@@ -467,14 +538,21 @@ class BusyPeriod:
             self.cancel_failures += 1
             wait = backoff.EVE.delay(self.cancel_failures)
             logger.warning("eve_cancel_failed", error=str(exc), wait=round(wait, 1))
-            asyncio.get_running_loop().call_later(wait, self.inbox.put_nowait, POKE)
+            if self.cancel_retry is None or self.cancel_retry.cancelled():
+                def retry() -> None:
+                    self.cancel_retry = None
+                    self.inbox.put_nowait(POKE)
+                self.cancel_retry = asyncio.get_running_loop().call_later(wait, retry)  # one timer at a time
             return
         self.cancel_sent = True
         logger.info("turn_stop_sent", turn=self.turn_id, status=result.status)
 
     async def _lose(self, why: str) -> None:
         await self._end_draft()  # the "please repeat" line is the last thing shown
-        await lose(self.s, self.address, self.claim, why)
+        # The turn had ended in eve and every message of it was answered: nobody is asked to
+        # repeat what was answered (eve died before its session.waiting, PROTOCOL.md §9).
+        answered = self.compaction is None and self.turn_ended and not self.pending and not self.stopping
+        await lose(self.s, self.address, self.claim, why, answered=answered)
 
     async def _end_draft(self) -> None:
         """Before a message of ours goes out in the middle of a turn (a question, a notice): the
@@ -513,8 +591,10 @@ class BusyPeriod:
         # F4: claimed under a claim of their own until eve has them: a crash in between puts them
         # back in the queue at the turn's end instead of acknowledging what eve never got.
         steer = f"{claim}:steer"
+        if not self.deliveries_known or await self._unsure_steer(claim):
+            return False  # one unsure send at a time: what eve shows next is matched to it
         limit = s.settings.batch_size
-        claimed = await s.queue.claim(self.address, limit=limit + albums.LARGEST, claim=steer)
+        claimed = await s.queue.claim(self.address, limit=limit + albums.LOOKAHEAD, claim=steer)
         if not claimed:
             return False
         # An album steers whole, once settled (issue 14): a part arriving alone waits for the rest.
@@ -563,6 +643,15 @@ class BusyPeriod:
                 await say_unheard(s, self.address, exc.items)
                 await s.queue.ack([m.id for m in messages], claim=steer)
             await s.outbox.flush(self.address)
+            return False
+        except eve.EveTransportError as exc:
+            if isinstance(exc, eve.EveConnectError):
+                logger.warning("eve_steer_failed", error=str(exc))
+                await s.queue.nack([m.id for m in messages], claim=steer)  # eve never saw it
+                return False
+            # Ambiguous (a 5xx, a timeout after it went out): eve may have it. The claim stays; if
+            # eve shows it (message.received) it is this turn's, else parking puts it back (F4).
+            logger.warning("eve_steer_unsure", error=str(exc))
             return False
         except eve.EveError as exc:
             logger.warning("eve_steer_failed", error=str(exc))

@@ -3,7 +3,8 @@
 A block's draft id carries its turn's claim (hashed, in the high bits) and the index of the
 block's first event (the low bits): the same id when a restart replays the block, a new one for
 each block, and a stop button pressed on a draft of a turn that is over names that turn, so it
-never stops the turn that came after (a press that crosses the answer's arrival).
+never stops the turn that came after (a press that crosses the answer's arrival) — but for one
+chance in 2 048 that the next turn's claim hashes alike.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import zlib
 
 __all__ = ["draft_id", "of_turn"]
 
-_TURN_BITS = 20  # with 32 bits of event index: 52 bits, an integer any Bot API client keeps exactly
+# 31 bits in all (a positive 32-bit integer: whatever width Telegram parses a draft id in): 11
+# for the turn, 20 for the event index (modulo: ids need only differ between the blocks of a turn).
+_TURN_BITS = 11
+_INDEX_BITS = 20
 
 
 def _turn(claim: str) -> int:
@@ -21,9 +25,9 @@ def _turn(claim: str) -> int:
 
 def draft_id(claim: str, index: int) -> int:
     """The draft id of the block whose first event is ``index``, in the turn claimed as ``claim``."""
-    return (_turn(claim) << 32) | ((index + 1) & 0xFFFFFFFF or 1)
+    return (_turn(claim) << _INDEX_BITS) | ((index + 1) & ((1 << _INDEX_BITS) - 1) or 1)
 
 
 def of_turn(draft: int, claim: str) -> bool:
     """True when ``draft`` is a draft of the turn claimed as ``claim``."""
-    return draft >> 32 == _turn(claim)
+    return draft >> _INDEX_BITS == _turn(claim)

@@ -15,10 +15,12 @@ __all__ = ["fail_turn", "lose", "say_unheard", "unheard"]
 logger = log.get("bridge.chat")
 
 
-async def lose(s: Services, address: str, claim: str | None, reason: str) -> None:
+async def lose(s: Services, address: str, claim: str | None, reason: str, *, answered: bool = False) -> None:
     """The session is gone or stuck: free the chat with the session-reset mark (R2, R3).
 
-    The person whose turn was interrupted is told to repeat it; an interrupted auto compaction
+    The person whose turn was interrupted is told to repeat it — unless eve had ended the turn
+    and its answer was given (``answered``: only eve's ``session.waiting`` never came), when
+    they are only told that the next message starts a new conversation; an interrupted auto compaction
     is silent; an interrupted /compact asks for /compact again. The next message starts a new
     session at once, without waiting on a /reset that cannot succeed.
     """
@@ -26,7 +28,8 @@ async def lose(s: Services, address: str, claim: str | None, reason: str) -> Non
         chat, inflight = await s.transitions.lose(address, claim)
         replied = [m for m in map(decode, (m.payload for m in inflight)) if isinstance(m, QueuedMessage)]
         if chat.kind is Kind.TURN and inflight:
-            await s.outbox.say(chat, f"lost:{chat.claim}", t("session_lost", chat.lang),
+            await s.outbox.say(chat, f"lost:{chat.claim}",
+                               t("session_lost_after_answer" if answered else "session_lost", chat.lang),
                                reply_to=replied[-1].message_id if replied else None)
         elif chat.origin is Origin.MANUAL and chat.kind is not Kind.TURN:
             await s.outbox.say(chat, f"compact-again:{chat.claim or chat.eve_session}",

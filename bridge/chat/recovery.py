@@ -59,6 +59,15 @@ async def resume(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
                 logger.error("eve_send_given_up", attempts=tried, messages=[m.id for m in inflight])
                 await fail_turn(s, chat.address, chat.claim, t("eve_server_error", chat.lang))
                 return
+            events = page.events
+            if events and (not isinstance(events[-1], eve.SessionWaiting)
+                           or any(isinstance(e, eve.CompactionRequested) for e in events)):
+                # eve is running something, or just ran a compaction: a message it took meanwhile
+                # waits behind it and starts right after its session.waiting (PROTOCOL.md §5).
+                # Follow the stream: the turn is ours when it comes; idle without it, sent again.
+                logger.info("unrecorded_send_followed", events=len(events))
+                await BusyPeriod(s, inbox, chat).run()
+                return
             await drive(s, inbox, chat.address, chat.claim, inflight)
             return
     await BusyPeriod(s, inbox, chat).run()

@@ -215,7 +215,7 @@ class Transitions:
             if chat is None or chat.busy or chat.reset_requested:
                 return None
             claim = _claim_id()
-            messages = await self.queue.claim(address, limit=limit + albums.LARGEST, claim=claim)
+            messages = await self.queue.claim(address, limit=limit + albums.LOOKAHEAD, claim=claim)
             items = [decode(m.payload) for m in messages]
             stale = [m for m, item in zip(messages, items, strict=True) if isinstance(item, InputAnswer)]
             if stale:

@@ -124,7 +124,8 @@ class FakeEve:
         self.failing_texts: set[str] = set()  # a send whose text holds one of these: 500, never taken (F6)
         self.failed_sends = 0
         self.cancel_errors = 0  # the next N cancels answer 500 (and cancel nothing)
-        self.cancel_ignored_while_asking = False  # an eve whose cancel cannot end a turn waiting on input
+        self.cancel_ignored_while_asking = False
+        self.waiting_after_compaction = 0.0  # seconds between compaction.completed and session.waiting  # an eve whose cancel cannot end a turn waiting on input
         self.tamper: dict[str, dict[str, Any]] = {}  # event type → fields laid over its next emission (F6)
         self.unhealthy = False  # /eve/v1/health answers 503 (eve down behind a proxy)
         self.summary_delay = 0.0
@@ -712,4 +713,6 @@ class FakeEve:
         s.history_chars = min(s.history_chars, 400)
         s.compactions_done += 1
         await self._emit(s, "compaction.completed", {"modelId": "fake/fake-model", **turn}, [])
+        if self.waiting_after_compaction:
+            await asyncio.sleep(self.waiting_after_compaction)
         await self._waiting(s, [])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.chat.albums import SETTLE, cut
+from bridge.chat.albums import LOOKAHEAD, SETTLE, cut
 from bridge.payloads import QueuedMessage
 from diskqueue import Message, State
 
@@ -60,4 +60,27 @@ def test_draft_ids_name_their_turn() -> None:
     assert draft_id(first, 0) != 0 and draft_id(first, 7) == draft_id(first, 7)
     assert draft_id(first, 7) != draft_id(first, 9)
     assert of_turn(draft_id(first, 7), first) and not of_turn(draft_id(first, 7), second)
-    assert draft_id(first, 2**40) < 2**52  # an integer every Bot API client keeps exactly
+    assert 0 < draft_id(first, 2**40) < 2**31  # a positive 32-bit integer, whatever width Telegram reads
+
+
+def test_an_album_with_a_part_past_the_claim_window_is_not_split() -> None:
+    """Two people post 10-photo albums in a group at once (parts interleave), and someone writes.
+    With IVA_BATCH=10 and a lookahead of one album, B10 was the 21st row, past the claim. The leading album
+    A is taken whole (19 rows), and with it B1..B9: ``where`` knows only the claimed rows, so B
+    looks whole. B10 goes alone in the next turn: one album, two turns (I3)."""
+    spec = " ".join(f"A{i} B{i}" for i in range(1, 10)) + " A10 x B10"
+    rows, items = _rows(spec)
+    limit = 10
+    claimed = limit + LOOKAHEAD
+    got = cut(rows[:claimed], items[:claimed], rows[claimed:], limit=limit, now=NOW, started=STARTED)
+    taken = {i.album for i in items[:got.take] if i.album}
+    left = [i.text for i in items[got.take:] if i.album in taken]
+    assert left == [], f"take={got.take}: {left} of an album in this turn go in the next one"
+
+
+def test_an_album_continuing_past_the_claim_is_left_whole_for_the_next_turn() -> None:
+    """A later album whose parts go on beyond what was claimed: cut before its first part."""
+    rows, items = _rows("x y B1 B2")
+    extra, _ = _rows("B3")
+    got = cut(rows, items, extra, limit=10, now=NOW, started=STARTED)
+    assert (got.take, got.wait_until) == (2, None)
