@@ -144,3 +144,52 @@ async def test_a_stream_line_nested_past_the_stack_does_not_wedge_the_chat(
         await h.until(lambda: any("second" in t for t in tg.texts()), timeout=30, what="the next message answered")
     finally:
         await h.stop()
+
+
+async def test_a_press_after_an_unsure_text_answer_reaches_the_question(tmp_path: Path, tg: FakeTelegram,
+                                                                        fake_eve: FakeEve):
+    """T5/F4 (review): a question is open; the person's typed reply gets a 500 (eve never took it:
+    unsure, its steer claim stays); then they press the button. The press reaches the question
+    (the guard "one unsure send at a time" held it back: the turn waited 7 days)."""
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_BUSY_TIMEOUT="2")
+    await h.start()
+    try:
+        await tg.message("deploy? [[ask=Deploy to prod?|approve|cancel]]", user_id=OWNER)
+        await tg.wait_texts(1, OWNER)
+        await h.until(lambda: (h.maybe_chat() or None) is not None and h.maybe_chat().waiting_input,
+                      what="waiting on the person")
+        fake_eve.failing_texts = {"poison"}
+        await tg.message("poison reply", user_id=OWNER)
+        await h.until(lambda: fake_eve.failed_sends >= 1, what="the unsure steer")
+        fake_eve.failing_texts = set()
+        await tg.press(tg.sent(OWNER)[0], "Approve", user_id=OWNER)
+        await h.until(lambda: any(x.startswith("answered:") for x in tg.texts(OWNER)), timeout=15,
+                      what="the press answered")
+    finally:
+        await h.stop()
+
+
+async def test_a_stop_during_the_unsent_grace_is_not_undone(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
+    """L*/F4 (review): an unrecorded send behind a late compaction is followed; the person sends
+    /stop meanwhile. Whatever becomes of the message, the stop is not undone by the grace's give
+    back (which frees the chat): the stopped message is not answered."""
+    fake_eve.compact_ack_delay = 0.8
+    fake_eve.summary_delay = 3.0
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_COMPACT_ACK_SECONDS="0.3")
+    await h.start()
+    try:
+        await tg.message("big [[tokens=120000]]", user_id=OWNER)
+        await h.until(lambda: h.maybe_chat() is not None and str(h.maybe_chat().compact_phase) == "released",
+                      what="released")
+        await h.until(lambda: any(e["type"] == "compaction.requested" for s in fake_eve.sessions.values()
+                                  for e in s.events), what="eve running the compaction")
+        fake_eve.failing_texts = {"second"}  # a 500: eve never took it
+        await tg.message("second", user_id=OWNER)
+        await h.until(lambda: fake_eve.failed_sends >= 1, what="the failed send")
+        fake_eve.failing_texts = set()
+        await tg.message("/stop", user_id=OWNER)
+        await h.settled(30)
+        assert "echo: second" not in tg.texts(), tg.texts()
+        assert state_of(await h.chat()) is ChatState.IDLE
+    finally:
+        await h.stop()

@@ -591,8 +591,11 @@ class BusyPeriod:
         # F4: claimed under a claim of their own until eve has them: a crash in between puts them
         # back in the queue at the turn's end instead of acknowledging what eve never got.
         steer = f"{claim}:steer"
-        if not self.deliveries_known or await self._unsure_steer(claim):
-            return False  # one unsure send at a time: what eve shows next is matched to it
+        if not self.waiting_input and (not self.deliveries_known or await self._unsure_steer(claim)):
+            # One unsure send at a time: what eve shows next is matched to it. Not while a question
+            # waits on the person: eve shows nothing until it is answered, so a press or another
+            # reply must still go (if eve took the unsure reply, the question is already over).
+            return False
         limit = s.settings.batch_size
         claimed = await s.queue.claim(self.address, limit=limit + albums.LOOKAHEAD, claim=steer)
         if not claimed:
