@@ -332,31 +332,31 @@ class Ingest:
         if inbound.command in ("compact", "notes", "start", "help", "status", "new", "stop"):
             return await self.commands.handle(inbound.command, message, address, lang, key, inbound.command_args)
         prepared = self._prepare(message, inbound, user, lang)
-        if isinstance(prepared, str):
-            if hold:
-                return "not_addressed"
+        if isinstance(prepared, str) and not hold:
             return await self._refuse(address, key, message.message_id, prepared)
         if hold:
             assert album is not None
+            # Held: what it will be once the album is ours — a part, or the one line refusing it
+            # (a video in the album is refused then, never dropped without a word).
+            held = ({"kind": "album_held", "refusal": prepared} if isinstance(prepared, str)
+                    else {"kind": "album_held", "item": prepared.to_payload()})
             async with self.store.db.transaction():
-                await self.queue.remember(str(address), {"kind": "album_held", "item": prepared.to_payload(),
-                                                         "message_id": message.message_id},
+                await self.queue.remember(str(address), {**held, "message_id": message.message_id},
                                           dedupe_key=f"{album}:held:{message.message_id}")
             return "album_part_held"
+        assert not isinstance(prepared, str)
         async with self.store.db.transaction():
             await self.transitions.touch(str(address), address.chat_id, address.thread_id, lang)
+            refusals = False
             if album is not None and not await self.queue.history(key):
-                for held in await self.queue.history(album):
-                    # The parts that came before the one that addressed the bot, first, in their
-                    # order (their own keys: a redelivery of one of them is a duplicate).
-                    if held.payload.get("kind") == "album_held" and held.address == str(address):
-                        await self.queue.enqueue(str(address), held.payload["item"],
-                                                 dedupe_key=message_key(message.chat.id, held.payload["message_id"]))
+                refusals = await self._take_held(address, album)  # the parts before it go first, in order
             row = await self.queue.enqueue(str(address), prepared.to_payload(), dedupe_key=key)
             if row is not None and album is not None:
                 await self.queue.remember(str(address), {"kind": "album"}, dedupe_key=album)
             notice = await self._notice(address, key, message.message_id, lang) if row is not None else False
             chat = await self.store.chat(str(address))
+        if refusals:
+            self.spawn(self.s.outbox.flush(str(address)))
         if row is None:
             logger.info("update_duplicate_ignored")
             return "duplicate"
@@ -394,16 +394,44 @@ class Ingest:
             key = f"{original}:e{message.edit_date or 0}"
             return await self._refuse(address, key, message.message_id, prepared)
         key = edit_key(message.chat.id, message.message_id, message.edit_date, prepared)
+        refusals = False
         async with self.store.db.transaction():
             await self.transitions.touch(str(address), address.chat_id, address.thread_id, lang)
             outcome, row = await commit_edit(self.queue, self.store, str(address), original=original, key=key,
                                              item=prepared)
+            if row is not None and prepared.album is not None and not prepared.private:
+                # A held part of a group album edited to address the bot: the album is ours now,
+                # with the parts held beside it.
+                album = _album_key(message.chat.id, prepared.album)
+                refusals = await self._take_held(address, album, but=message.message_id)
+                await self.queue.remember(str(address), {"kind": "album"}, dedupe_key=album)
             notice = await self._notice(address, key, message.message_id, lang) if row is not None else False
             chat = await self.store.chat(str(address))
+        if refusals:
+            self.spawn(self.s.outbox.flush(str(address)))
         logger.info("message_edited", outcome=str(outcome), queue_id=row)
         if row is not None:
             self._received(address, message.message_id, chat, notice)
         return str(outcome)
+
+    async def _take_held(self, address: Address, album: str, *, but: int | None = None) -> bool:
+        """Inside the caller's transaction: the parts of a group album held before anything of it
+        addressed the bot, queued in their order (each under its own message's key: a
+        redelivery of one of them is a duplicate), or refused in one line each. True when a
+        refusal waits in the outbox (the caller flushes it after its commit)."""
+        refused = False
+        for held in await self.queue.history(album):
+            if held.payload.get("kind") != "album_held" or held.address != str(address) \
+                    or held.payload["message_id"] == but:
+                continue
+            key = message_key(address.chat_id, held.payload["message_id"])
+            if "item" in held.payload:
+                await self.queue.enqueue(str(address), held.payload["item"], dedupe_key=key)
+            elif await self.queue.remember(str(address), {"kind": "refused"}, dedupe_key=key):
+                await self.s.outbox.say_to(str(address), address.chat_id, address.thread_id, f"re:{key}",
+                                           str(held.payload["refusal"]), reply_to=held.payload["message_id"])
+                refused = True
+        return refused
 
     def _prepare(self, message: Message, inbound: Inbound, user: User, lang: str) -> QueuedMessage | str:
         """The message as it waits in the queue, or the short answer that refuses it (T8)."""

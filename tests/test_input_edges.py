@@ -108,3 +108,36 @@ async def test_a_bare_mention_refused_then_edited_into_a_question_is_not_dropped
     await tg.edit(first, f"@{BOT_USERNAME} what is 2+2?")
     await harness.settled()
     assert said(fake_eve) or len(tg.texts(GROUP)) > refusals, (said(fake_eve), tg.texts(GROUP))
+
+
+async def test_a_group_album_edited_to_mention_the_bot_goes_whole(harness: Harness, tg: FakeTelegram,
+                                                                   fake_eve: FakeEve):
+    """I3 with I2: nothing of a group album addressed the bot (its parts held); then its author
+    edits a caption to mention it. The album goes as one turn with every part."""
+    where = {"chat_id": GROUP, "chat_type": "supergroup"}
+    parts = await tg.album(["h1", "h2", "h3"], captions={1: "which is best?"}, user_id=OWNER, **where)
+    await harness.settled()
+    assert file_parts(fake_eve) == []
+    await tg.edit(parts[1], caption=f"@{BOT_USERNAME} which is best?", extra={"caption_entities": MENTION})
+    await harness.settled()
+    assert [len(p) for p in file_parts(fake_eve)] == [3]
+
+
+async def test_a_held_video_of_a_group_album_is_refused_once_the_album_is_ours(harness: Harness, tg: FakeTelegram,
+                                                                                fake_eve: FakeEve):
+    """I3/T8: a video comes first in a group album, before the part that mentions the bot. Once the
+    album is ours, the photo goes to eve and the video gets its one-line refusal (it was dropped
+    without a word)."""
+    where = {"chat_id": GROUP, "chat_type": "supergroup"}
+    video = {"video": {"file_id": "v1", "file_unique_id": "v1", "width": 1, "height": 1, "duration": 1},
+             "media_group_id": "mixed1"}
+    first = await tg.message(None, user_id=OWNER, extra=video, **where)
+    await harness.settled()
+    assert tg.texts(GROUP) == []
+    await tg.album(["m2"], media_group_id="mixed1", captions={0: f"@{BOT_USERNAME} and this?"}, user_id=OWNER,
+                   extra={"caption_entities": MENTION}, **where)
+    await harness.settled()
+    assert [len(p) for p in file_parts(fake_eve)] == [1]
+    refusals = [c.params for c in tg.calls if c.method == "sendMessage" and c.params.get("_ok")
+                and (c.params.get("reply_parameters") or {}).get("message_id") == first["message_id"]]
+    assert len(refusals) == 1, [c.params for c in tg.calls if c.method == "sendMessage"]
