@@ -20,6 +20,7 @@ DEFAULT_COMPACT_CEILING = 110_000
 DEFAULT_MANUAL_COMPACT_MIN = 30_000
 DEFAULT_COMPACT_ACK_SECONDS = 5.0
 DEFAULT_BUSY_TIMEOUT = 900.0
+DEFAULT_EVE_GRACE = 3.0  # seconds eve may take to start a turn with a message we are unsure it has (F4)
 DEFAULT_SEND_ATTEMPTS = 5  # a message eve answers 5xx (and never started) goes this often, then the person is told (F6)
 DEFAULT_HEALTH_REPLY_SECONDS = 120.0
 DEFAULT_MAX_TURNS = 16
@@ -107,6 +108,7 @@ class Settings:
     manual_compact_min: int = DEFAULT_MANUAL_COMPACT_MIN
     compact_ack_seconds: float = DEFAULT_COMPACT_ACK_SECONDS
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT
+    eve_grace: float = DEFAULT_EVE_GRACE
     health_reply_seconds: float = DEFAULT_HEALTH_REPLY_SECONDS
     send_attempts: int = DEFAULT_SEND_ATTEMPTS
     lang: Literal["ru", "en"] = "ru"
@@ -338,6 +340,7 @@ class Settings:
             manual_compact_min=integer("IVA_MANUAL_COMPACT_MIN", DEFAULT_MANUAL_COMPACT_MIN, low=0),
             compact_ack_seconds=number("IVA_COMPACT_ACK_SECONDS", DEFAULT_COMPACT_ACK_SECONDS, low=0.1),
             busy_timeout=number("IVA_BUSY_TIMEOUT", DEFAULT_BUSY_TIMEOUT, low=1.0),
+            eve_grace=number("IVA_EVE_GRACE", DEFAULT_EVE_GRACE, low=0.5),
             health_reply_seconds=number("IVA_HEALTH_REPLY_SECONDS", DEFAULT_HEALTH_REPLY_SECONDS, low=1.0),
             send_attempts=integer("IVA_EVE_SEND_ATTEMPTS", DEFAULT_SEND_ATTEMPTS, low=1, high=100),
             max_turns=integer("IVA_MAX_TURNS", DEFAULT_MAX_TURNS, low=1, high=10_000),

@@ -43,7 +43,6 @@ __all__ = ["POKE", "BusyPeriod"]
 logger = log.get("bridge.chat.consumer")
 
 RESUME_GRACE = 10.0
-STEER_GRACE = 3.0  # seconds parking waits for eve's turn with a steer it may have (F4)
 WAITING_ON_PERSON = 7 * 24 * 3600.0  # a question open this long without an answer: the turn is lost
 POKE = object()
 # What a handler raises on an event of a shape it does not expect (a bad event, F6).
@@ -285,7 +284,8 @@ class BusyPeriod:
             # Our send's answer was lost and eve has shown no turn of it yet: it may be queued behind
             # what eve runs (a compaction: its turn starts right after the session.waiting,
             # PROTOCOL.md §5). Idle with no turn for a moment: eve never had it.
-            self.unsent_grace = time.monotonic() + STEER_GRACE if isinstance(event, eve.SessionWaiting) else None
+            grace = self.s.settings.eve_grace
+            self.unsent_grace = time.monotonic() + grace if isinstance(event, eve.SessionWaiting) else None
         match event:
             case eve.MessageAppended():
                 self.block += event.delta
@@ -390,7 +390,7 @@ class BusyPeriod:
                 # A steer eve may have (its send's answer lost, or a restart before it was recorded)
                 # and no sign of it yet: eve starts a turn with it right after session.waiting if
                 # it has it (PROTOCOL.md §4). Park only once that did not come (F4).
-                self.steer_grace = time.monotonic() + STEER_GRACE
+                self.steer_grace = time.monotonic() + self.s.settings.eve_grace
                 return False
             return await self._park(claim)
         return False
