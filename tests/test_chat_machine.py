@@ -111,25 +111,34 @@ async def test_a_compaction_eve_accepts_after_a_turn_in_the_released_window_stil
         await h.stop()
 
 
+async def behind_a_late_compaction(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve, *,
+                                   summary_delay: float) -> Harness:
+    """A started bridge whose parking compaction was released (eve acknowledged it late, C6) and
+    runs at eve for ``summary_delay`` seconds: what is sent now waits behind it."""
+    fake_eve.compact_ack_delay = 0.8
+    fake_eve.summary_delay = summary_delay
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_COMPACT_ACK_SECONDS="0.3")
+    await h.start()
+    await tg.message("big [[tokens=120000]]", user_id=OWNER)
+    await h.until(lambda: _phase(h, CompactPhase.RELEASED), what="released")
+    return h
+
+
+def eve_compacting(fake_eve: FakeEve) -> bool:
+    """eve has begun a compaction (compaction.requested is in a session's stream)."""
+    return any(e["type"] == "compaction.requested" for s in fake_eve.sessions.values() for e in s.events)
+
+
 async def test_a_compaction_eve_announces_before_a_waiting_turn_tells_the_person(tmp_path: Path, tg: FakeTelegram,
                                                                                  fake_eve: FakeEve):
     """C6/C3: the compaction was released and a message sent meanwhile, but eve runs the late
     compaction first: the person whose message waits behind it hears the C3 notice once."""
-    fake_eve.compact_ack_delay = 0.8
-    fake_eve.summary_delay = 0.5
-    h = Harness(tmp_path / "state", tg, fake_eve, IVA_COMPACT_ACK_SECONDS="0.3")
-    await h.start()
+    h = await behind_a_late_compaction(tmp_path, tg, fake_eve, summary_delay=0.5)
     try:
-        await tg.message("big [[tokens=120000]]", user_id=OWNER)
-        await h.until(lambda: _phase(h, CompactPhase.RELEASED), what="released")
         fake_eve.hold_sends = True
         await tg.message("second", user_id=OWNER)
         await h.until(lambda: fake_eve.held == 1, what="the send at eve")
-
-        def announced() -> bool:
-            return any(e["type"] == "compaction.requested" for s in fake_eve.sessions.values() for e in s.events)
-
-        await h.until(announced, what="eve announcing the compaction")
+        await h.until(lambda: eve_compacting(fake_eve), what="eve announcing the compaction")
         fake_eve.release_sends.set()
         await h.settled()
         assert tg.texts() == ["echo: big", "Compacting the conversation, I'll answer soon.", "echo: second"]

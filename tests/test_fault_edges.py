@@ -13,6 +13,7 @@ from bridge.texts import t
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness
+from tests.test_chat_machine import behind_a_late_compaction, eve_compacting
 
 
 def _eve_running(h: Harness, fake_eve: FakeEve, text: str) -> bool:
@@ -40,35 +41,18 @@ async def test_an_ambiguous_steer_is_not_answered_twice(tmp_path: Path, tg: Fake
         await h.stop()
 
 
-async def _behind_a_late_compaction(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> Harness:
-    """A bridge whose parking compaction was released (eve acknowledged it late, C6) and still
-    runs at eve for 3 s: what is sent now waits behind it."""
-    fake_eve.compact_ack_delay = 0.8
-    fake_eve.summary_delay = 3.0
-    h = Harness(tmp_path / "state", tg, fake_eve, IVA_COMPACT_ACK_SECONDS="0.3")
-    await h.start()
-    await tg.message("big [[tokens=120000]]", user_id=OWNER)
-    await h.until(lambda: h.maybe_chat() is not None and str(h.maybe_chat().compact_phase) == "released",
-                  what="released")
-    return h
-
-
 async def test_an_ambiguous_send_queued_behind_a_compaction_is_not_sent_again(tmp_path: Path, tg: FakeTelegram,
                                                                               fake_eve: FakeEve):
     """F4 x C6: the compaction was released and a message sent meanwhile; eve takes it while it
     runs the late compaction (queued behind it, PROTOCOL.md §5) but the answer is a 502. The
     message goes to eve once and is answered once (the resume looked once, found no turn.started
     yet — the compaction still ran — and sent it again)."""
-    h = await _behind_a_late_compaction(tmp_path, tg, fake_eve)
+    h = await behind_a_late_compaction(tmp_path, tg, fake_eve, summary_delay=3.0)
     try:
         fake_eve.hold_sends = True
         await tg.message("second", user_id=OWNER)
         await h.until(lambda: fake_eve.held == 1, what="the send at eve")
-
-        def announced() -> bool:
-            return any(e["type"] == "compaction.requested" for s in fake_eve.sessions.values() for e in s.events)
-
-        await h.until(announced, what="eve running the compaction")
+        await h.until(lambda: eve_compacting(fake_eve), what="eve running the compaction")
         fake_eve.ambiguous_sends = 1
         fake_eve.release_sends.set()
         await h.settled(30)
@@ -180,10 +164,9 @@ async def test_a_stop_during_the_unsent_grace_is_not_undone(tmp_path: Path, tg: 
     """L*/F4 (review): an unrecorded send behind a late compaction is followed; the person sends
     /stop meanwhile. Whatever becomes of the message, the stop is not undone by the grace's give
     back (which frees the chat): the stopped message is not answered."""
-    h = await _behind_a_late_compaction(tmp_path, tg, fake_eve)
+    h = await behind_a_late_compaction(tmp_path, tg, fake_eve, summary_delay=3.0)
     try:
-        await h.until(lambda: any(e["type"] == "compaction.requested" for s in fake_eve.sessions.values()
-                                  for e in s.events), what="eve running the compaction")
+        await h.until(lambda: eve_compacting(fake_eve), what="eve running the compaction")
         fake_eve.failing_texts = {"second"}  # a 500: eve never took it
         await tg.message("second", user_id=OWNER)
         await h.until(lambda: fake_eve.failed_sends >= 1, what="the failed send")

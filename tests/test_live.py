@@ -15,12 +15,19 @@ from bridge.chat.transitions import ChatState, state_of
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import BOT_USERNAME, FakeTelegram
 from tests.harness import FRIEND, OWNER, Harness
+from tests.test_chat_machine import eve_compacting
 
 GROUP = -100500
 OTHER = 3  # allowed to talk, but not the one asking
 MENTION = [{"type": "mention", "offset": 0, "length": len(BOT_USERNAME) + 1}]
 SLOW = "one two three four five six seven eight nine ten [[chunkdelay=0.15]]"
 SLOW_TEXT = "echo: one two three four five six seven eight nine ten"
+
+
+def compacting(h: Harness, fake_eve: FakeEve) -> bool:
+    """The chat is busy compacting and eve has begun it."""
+    chat = h.maybe_chat()
+    return chat is not None and state_of(chat) is ChatState.COMPACTING and eve_compacting(fake_eve)
 
 
 def cancels(fake_eve: FakeEve) -> list[dict]:
@@ -196,10 +203,7 @@ async def test_stop_stops_a_running_compaction(harness: Harness, tg: FakeTelegra
     was, the chat is free, and /stop says what it stopped."""
     fake_eve.summary_delay = 30
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
-    await harness.until(lambda: harness.maybe_chat() is not None
-                        and state_of(harness.maybe_chat()) is ChatState.COMPACTING
-                        and any(e["type"] == "compaction.requested" for s in fake_eve.sessions.values()
-                                for e in s.events), what="eve compacting")
+    await harness.until(lambda: compacting(harness, fake_eve), what="eve compacting")
     await tg.message("/stop", user_id=OWNER)
     await harness.settled()
     assert "Stopped the compaction; the conversation stays as it was." in tg.texts()

@@ -14,19 +14,15 @@ from bridge.chat.transitions import ChatState, state_of
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness
+from tests.test_live import cancels, compacting
 
 LONG = " ".join(f"w{i}" for i in range(30))
 
 
-def cancels(fake_eve: FakeEve) -> list[dict]:
-    return [body or {} for method, path, body in fake_eve.requests if method == "POST" and path.endswith("/cancel")]
-
-
 async def test_a_failed_cancel_is_tried_again_on_the_next_poke(harness: Harness, tg: FakeTelegram, fake_eve: FakeEve):
-    """consumer.py:_stop says "The mark stays: the next look (turn.started, a poke, a restart)
-    cancels again". The client's 5 tries all fail; the person then writes (a poke) and repeats
-    /stop: nothing ever cancels the turn again, it runs to its end and its whole text comes
-    out marked "stopped"."""
+    """L*: every try of eve_client's cancel fails; the person then writes (a poke) and repeats
+    /stop: the cancel is tried again, and the turn's whole text never comes out marked "stopped"
+    (nothing cancelled it again before the fix)."""
     await tg.message(f"{LONG} [[chunkdelay=0.25]]", user_id=OWNER)
     await tg.wait_for(lambda: tg.drafts(OWNER), 15, "a draft frame")
     fake_eve.cancel_errors = 5  # eve_client's RetryPolicy.attempts
@@ -41,9 +37,9 @@ async def test_a_failed_cancel_is_tried_again_on_the_next_poke(harness: Harness,
 
 async def test_a_late_stop_button_of_a_finished_draft_does_not_stop_the_next_turn(
         harness: Harness, tg: FakeTelegram, fake_eve: FakeEve):
-    """The person presses ■ on turn 1's draft as its answer lands; the update arrives when the
-    queued message's turn already runs. The update names turn 1's draft_id, yet turn 2 is
-    cancelled and the person's second message is never answered."""
+    """L*: the person presses ■ on turn 1's draft as its answer lands; the update arrives when the
+    queued message's turn already runs. It names turn 1's draft: nothing is cancelled and the
+    second message is answered (turn 2 was cancelled before the fix)."""
     await tg.message("a b c d [[chunkdelay=0.2]]", user_id=OWNER)
     await tg.wait_for(lambda: tg.drafts(OWNER), 15, "turn 1's draft")
     first = int(tg.drafts(OWNER)[0]["draft_id"])
@@ -57,17 +53,14 @@ async def test_a_late_stop_button_of_a_finished_draft_does_not_stop_the_next_tur
 
 async def test_stop_during_the_auto_compaction_after_a_stopped_turn(harness: Harness, tg: FakeTelegram,
                                                                     fake_eve: FakeEve):
-    """A stopped turn parks straight into an auto compaction (same BusyPeriod, self.stopping
-    still True); /stop during that compaction is answered "Stopped the compaction" but
-    _on_poke skips it (`not self.stopping`), so the compaction runs to its end."""
+    """L*/C4: a stopped turn parks straight into an auto compaction (the same busy period); a
+    /stop during that compaction cancels it too (the turn's stop used to count for it: the
+    compaction ran to its end)."""
     fake_eve.summary_delay = 8
     await tg.message(f"big [[tool=noop]] [[tokens=120000]] {LONG} [[chunkdelay=0.25]]", user_id=OWNER)
     await tg.wait_for(lambda: [d for d in tg.drafts(OWNER) if d["text"].startswith("echo")], 15, "text draft")
     await tg.message("/stop", user_id=OWNER)
-    await harness.until(lambda: harness.maybe_chat() is not None
-                        and state_of(harness.maybe_chat()) is ChatState.COMPACTING
-                        and any(e["type"] == "compaction.requested" for s in fake_eve.sessions.values()
-                                for e in s.events), what="eve compacting")
+    await harness.until(lambda: compacting(harness, fake_eve), what="eve compacting")
     await tg.message("/stop", user_id=OWNER)
     await harness.until(lambda: "Stopped the compaction; the conversation stays as it was." in tg.texts(),
                         what="the answer")
@@ -107,10 +100,8 @@ async def test_no_draft_frame_lands_after_a_question(harness: Harness, tg: FakeT
 
 
 async def test_stop_while_a_question_is_open(harness: Harness, tg: FakeTelegram, fake_eve: FakeEve):
-    """/stop while the turn waits on the person (turn.waiting on input). On the fake (which,
-    like an eve that does not abort a waiting question, ignores the cancel), the chat is left
-    busy: the person's answer to the question is no longer steered (stopping), so the turn
-    waits out WAITING_ON_PERSON (7 days)."""
+    """L*: /stop while the turn waits on the person (turn.waiting on input): eve cancels the
+    turn, a later press changes nothing, the chat is free and the session kept."""
     await tg.message("deploy? [[ask=Deploy to prod?|approve|cancel]]", user_id=OWNER)
     await tg.wait_for(lambda: any(c.method == "sendMessage" and "Deploy" in str(c.params.get("text"))
                                   for c in tg.calls), 15, "the question")
@@ -145,8 +136,8 @@ async def test_stop_while_a_question_is_open_on_an_eve_that_cannot_cancel_it(tmp
 
 
 def test_a_long_draft_fits_telegram_limit_in_utf16_units():
-    """live.fit measures in UTF-16 units but cuts in code points: a long block of astral
-    characters (emoji, many CJK-ext/maths symbols) still exceeds 4096 → 400 → drafts off."""
+    """L*: a long block of astral characters (emoji: two UTF-16 units each) is cut to Telegram's
+    4 096 UTF-16 units (cut in code points it exceeded them: a 400, drafts off)."""
     from bridge.chat.live import DRAFT_CHARS, fit
     shown = fit("😀 " * 3000)
     assert len(shown.encode("utf-16-le")) // 2 <= DRAFT_CHARS

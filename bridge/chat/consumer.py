@@ -50,6 +50,11 @@ BAD_EVENT = (LookupError, TypeError, ValueError, AttributeError, ArithmeticError
 _STREAM_END = object()
 
 
+def _steer_claim(claim: str) -> str:
+    """What a steer's messages are claimed under until eve's acceptance of them is recorded (F4)."""
+    return f"{claim}:steer"
+
+
 class BusyPeriod:
     def __init__(self, s: Services, inbox: asyncio.Queue[object], chat: Chat, *, slot: Slot | None = None) -> None:
         assert chat.eve_session and chat.busy
@@ -397,7 +402,7 @@ class BusyPeriod:
 
     async def _unsure_steer(self, claim: str) -> list[int]:
         """The messages of a steer eve may or may not have (still under the steer's own claim)."""
-        return [m.id for m in await self.s.queue.inflight(self.address) if m.claim == f"{claim}:steer"]
+        return [m.id for m in await self.s.queue.inflight(self.address) if m.claim == _steer_claim(claim)]
 
     async def _adopt_steer(self, claim: str, deliveries: Sequence[str]) -> None:
         """F4 for a steer: eve shows a message we have no record of sending while a steer is unsure —
@@ -411,7 +416,7 @@ class BusyPeriod:
             return
         for delivery in unknown:
             await self.s.transitions.delivered(self.address, claim, delivery, steered=steered,
-                                               steer_claim=f"{claim}:steer")
+                                               steer_claim=_steer_claim(claim))
             steered = []
         self.pending.update(unknown)
         self.turn_ended, self.steer_grace = False, None
@@ -590,7 +595,7 @@ class BusyPeriod:
         s, claim = self.s, self._owned()
         # F4: claimed under a claim of their own until eve has them: a crash in between puts them
         # back in the queue at the turn's end instead of acknowledging what eve never got.
-        steer = f"{claim}:steer"
+        steer = _steer_claim(claim)
         if not self.waiting_input and (not self.deliveries_known or await self._unsure_steer(claim)):
             # One unsure send at a time: what eve shows next is matched to it. Not while a question
             # waits on the person: eve shows nothing until it is answered, so a press or another
