@@ -9,7 +9,6 @@ import os
 import sqlite3
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from aiogram import Bot
 from aiogram.exceptions import (
@@ -23,7 +22,7 @@ import eve_client as eve
 
 from . import log
 from .chat import parking
-from .config import ConfigError, Settings
+from .config import DEFAULT_BUSY_TIMEOUT, ConfigError, Settings, state_dir_of
 from .http import OVERDUE_FACTOR
 from .sender import undecodable
 from .store import SchemaMismatch, read_status
@@ -99,8 +98,7 @@ async def _check(settings: Settings) -> int:
                 problems.append(f"eve: /eve/v1/info failed: {exc}")
             except Exception as exc:  # iva check never shows a traceback: one line per problem
                 problems.append(f"eve: /eve/v1/info answered something unexpected: {type(exc).__name__}: {exc}")
-    secrets = [x for x in (settings.telegram_token, settings.eve_token, settings.api_token, settings.mcp_token,
-                           settings.webhook_secret) if x]
+    secrets = settings.secrets
     for line in warnings:
         print(f"warn {one_line(line, secrets=secrets)}")
     for line in problems:
@@ -111,10 +109,8 @@ async def _check(settings: Settings) -> int:
 def one_line(text: str, limit: int = LINE_LIMIT, *, secrets: Sequence[str] = ()) -> str:
     """A problem as one line: whatever a server put in its answer (line breaks, a page of HTML,
     a 5 000-character description) is folded and cut, so each problem stays one line; a secret
-    it echoes (S5) shows as ``***``."""
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    text = " ".join(text.split())
+    it echoes (S5) shows as ``***``, as in the logs (URL-encoded, or a bot token's secret part)."""
+    text = " ".join(str(log.Redactor(secrets).scrub(text)).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -182,9 +178,8 @@ def _notebook_connection(settings: Settings, raw: object) -> list[str]:
 
 def _status(args: argparse.Namespace) -> int:
     """``iva status``: the state database as the daemon left it, read-only (works while it runs)."""
-    state = args.state or os.environ.get("IVA_STATE_DIR") or os.environ.get("STATE_DIRECTORY")
-    state_dir = Path(state.split(":")[0]) if state else Path("./var")
-    path = state_dir / "iva.sqlite3"
+    path = state_dir_of(args.state or os.environ.get("IVA_STATE_DIR") or os.environ.get("STATE_DIRECTORY")) \
+        / "iva.sqlite3"
     if not path.exists():
         print(f"iva status: no state database at {path} (set IVA_STATE_DIR or --state DIR)", file=sys.stderr)
         return 1
@@ -194,9 +189,9 @@ def _status(args: argparse.Namespace) -> int:
         print(f"iva status: cannot read {path}: {one_line(str(exc))}", file=sys.stderr)
         return 1
     try:
-        busy_timeout = float(os.environ.get("IVA_BUSY_TIMEOUT") or 900)
+        busy_timeout = float(os.environ.get("IVA_BUSY_TIMEOUT") or DEFAULT_BUSY_TIMEOUT)
     except ValueError:
-        busy_timeout = 900.0
+        busy_timeout = DEFAULT_BUSY_TIMEOUT
     for chat in snapshot["chats"]:
         quiet = chat["no_progress_for_s"]
         chat["overdue"] = bool(quiet is not None and not chat["waiting_on_person"]
@@ -263,8 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
 
     # S5: no secret in any log line, whatever a library puts in an error text.
-    secrets = [settings.telegram_token, settings.eve_token, settings.api_token, settings.mcp_token,
-               settings.webhook_secret]
+    secrets = settings.secrets
     if args.command == "check":
         log.configure("warning", secrets=secrets)
         try:

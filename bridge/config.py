@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["ConfigError", "Settings", "is_loopback", "listener_problem"]
+__all__ = ["ConfigError", "Settings", "is_loopback", "listener_problem", "state_dir_of"]
 
 DEFAULT_TELEGRAM_API_URL = "https://api.telegram.org"
 DEFAULT_COMPACT_PERCENT = 60
@@ -20,6 +20,8 @@ DEFAULT_COMPACT_CEILING = 110_000
 DEFAULT_MANUAL_COMPACT_MIN = 30_000
 DEFAULT_COMPACT_ACK_SECONDS = 5.0
 DEFAULT_BUSY_TIMEOUT = 900.0
+
+
 DEFAULT_EVE_GRACE = 3.0  # seconds eve may take to start a turn with a message we are unsure it has (F4)
 DEFAULT_SEND_ATTEMPTS = 5  # a message eve answers 5xx (and never started) goes this often, then the person is told (F6)
 DEFAULT_HEALTH_REPLY_SECONDS = 120.0
@@ -33,6 +35,12 @@ DEFAULT_TRANSCRIBE_TIMEOUT = 60.0
 
 _TOKEN_SECRET = re.compile(r"[A-Za-z0-9_-]+")
 _TOKEN_SECRET_MIN = 20  # BotFather's secrets are 35 characters; the fakes' are shorter
+
+
+def state_dir_of(value: str | None) -> Path:
+    """The state directory from IVA_STATE_DIR or systemd's STATE_DIRECTORY (its first, when it
+    names several), else ./var."""
+    return Path(value.split(":")[0]) if value else Path("./var")
 
 
 def token_problem(token: str) -> str | None:
@@ -137,6 +145,12 @@ class Settings:
     @property
     def db_path(self) -> Path:
         return self.state_dir / "iva.sqlite3"
+
+    @property
+    def secrets(self) -> list[str]:
+        """What no log line and no `iva check` line may show (S5)."""
+        return [x for x in (self.telegram_token, self.eve_token, self.api_token, self.mcp_token,
+                            self.webhook_secret) if x]
 
     def may_talk(self, user_id: int) -> bool:
         return user_id in self.owner_ids or user_id in self.allowed_user_ids
@@ -277,8 +291,7 @@ class Settings:
         if voice == "command" and get("IVA_TRANSCRIBE_CMD") is None:
             problems.append("IVA_VOICE=command needs IVA_TRANSCRIBE_CMD: the command that prints a transcript "
                             "(the audio file's path is appended as its last argument)")
-        state = get("IVA_STATE_DIR") or get("STATE_DIRECTORY")
-        state_dir = Path(state.split(":")[0]) if state else Path("./var")
+        state_dir = state_dir_of(get("IVA_STATE_DIR") or get("STATE_DIRECTORY"))
 
         listen = get("IVA_API_LISTEN") or DEFAULT_API_LISTEN
         if not _LISTEN.fullmatch(listen):

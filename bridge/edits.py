@@ -29,6 +29,7 @@ ignores edits of a location.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 
@@ -101,11 +102,10 @@ async def commit_edit(queue: DiskQueue, store: Store, address: str, *, original:
         await queue.remember(address, mark, dedupe_key=key)
         return EditOutcome.REPLACED, None
     before = known[-1][1] if known else None
-    correction = QueuedMessage(
-        text=item.text, message_id=item.message_id, user_id=item.user_id, user_name=item.user_name,
-        owner=item.owner, private=item.private, date=item.date, correction=True,
-        attachment=item.attachment if file_id is not None and file_id != before else None,
-    )
+    # The new words (and a new or replaced file); the quote and the album stay with the message eve
+    # has: a correction is a message of its own, never an album's part.
+    correction = dataclasses.replace(item, correction=True, reply=None, album=None,
+                                     attachment=item.attachment if file_id is not None and file_id != before else None)
     row = await queue.enqueue(address, correction.to_payload(), dedupe_key=key)
     return (EditOutcome.CORRECTION, row) if row is not None else (EditOutcome.DUPLICATE, None)
 

@@ -349,10 +349,8 @@ class Ingest:
             await self.transitions.touch(str(address), address.chat_id, address.thread_id, lang)
             refusals = False
             if album is not None and not await self.queue.history(key):
-                refusals = await self._take_held(address, album)  # the parts before it go first, in order
+                refusals = await self._take_album(address, album)  # the parts before it go first, in order
             row = await self.queue.enqueue(str(address), prepared.to_payload(), dedupe_key=key)
-            if row is not None and album is not None:
-                await self.queue.remember(str(address), {"kind": "album"}, dedupe_key=album)
             notice = await self._notice(address, key, message.message_id, lang) if row is not None else False
             chat = await self.store.chat(str(address))
         if refusals:
@@ -403,8 +401,7 @@ class Ingest:
                 # A held part of a group album edited to address the bot: the album is ours now,
                 # with the parts held beside it.
                 album = _album_key(message.chat.id, prepared.album)
-                refusals = await self._take_held(address, album, but=message.message_id)
-                await self.queue.remember(str(address), {"kind": "album"}, dedupe_key=album)
+                refusals = await self._take_album(address, album, but=message.message_id)
             notice = await self._notice(address, key, message.message_id, lang) if row is not None else False
             chat = await self.store.chat(str(address))
         if refusals:
@@ -414,11 +411,13 @@ class Ingest:
             self._received(address, message.message_id, chat, notice)
         return str(outcome)
 
-    async def _take_held(self, address: Address, album: str, *, but: int | None = None) -> bool:
-        """Inside the caller's transaction: the parts of a group album held before anything of it
-        addressed the bot, queued in their order (each under its own message's key: a
-        redelivery of one of them is a duplicate), or refused in one line each. True when a
-        refusal waits in the outbox (the caller flushes it after its commit)."""
+    async def _take_album(self, address: Address, album: str, *, but: int | None = None) -> bool:
+        """Inside the caller's transaction: the album is ours (its mark: its later parts need no
+        mention), and the parts of it held before anything of it addressed the bot are queued in
+        their order (each under its own message's key: a redelivery of one of them is a
+        duplicate), or refused in one line each. True when a refusal waits in the outbox (the
+        caller flushes it after its commit)."""
+        await self.queue.remember(str(address), {"kind": "album"}, dedupe_key=album)
         refused = False
         for held in await self.queue.history(album):
             if held.payload.get("kind") != "album_held" or held.address != str(address) \
