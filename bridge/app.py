@@ -169,7 +169,7 @@ class Bridge:
                                    fix="set IVA_MCP_TOKEN, and the same value as NOTEBOOK_MCP_TOKEN where eve builds")
                 routes.append(McpServer(notebook, store, token=s.mcp_token).routes)
             webhook = None
-            if s.webhook_url is not None:  # issue 15: Telegram calls us instead of being polled
+            if s.webhook_url is not None:  # O1: Telegram calls us instead of being polled
                 assert s.webhook_secret is not None  # Settings.from_env requires it
                 webhook = Webhook(ingest, url=s.webhook_url, secret=s.webhook_secret, listen=s.webhook_listen)
             listener = Listener(s.api_listen, store=store, queue=queue, ingest=ingest, routes=routes,

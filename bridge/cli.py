@@ -115,7 +115,7 @@ def one_line(text: str, limit: int = LINE_LIMIT, *, secrets: Sequence[str] = ())
 
 
 async def _webhook(settings: Settings, bot: Bot) -> list[str]:
-    """Issue 15: webhook mode needs an https URL and Telegram reporting no delivery error for it;
+    """O1: webhook mode needs an https URL and Telegram reporting no delivery error for it;
     polling mode is told about a webhook still set (Iva deletes it at start, keeping its updates)."""
     problems: list[str] = []
     url = settings.webhook_url

@@ -28,7 +28,7 @@ DEFAULT_HEALTH_REPLY_SECONDS = 120.0
 DEFAULT_MAX_TURNS = 16
 DEFAULT_BATCH = 10
 DEFAULT_API_LISTEN = "127.0.0.1:8787"
-DEFAULT_WEBHOOK_LISTEN = "127.0.0.1:8443"  # issue 15: TLS is the reverse proxy's job
+DEFAULT_WEBHOOK_LISTEN = "127.0.0.1:8443"  # webhook mode (O1): TLS is the reverse proxy's job
 DEFAULT_MAX_FILE_MB = 20  # the Bot API's getFile limit
 DEFAULT_RETENTION_DAYS = 14
 DEFAULT_TRANSCRIBE_TIMEOUT = 60.0
@@ -123,7 +123,7 @@ class Settings:
     api_listen: str = DEFAULT_API_LISTEN
     api_token: str | None = field(default=None, repr=False)
     mcp_token: str | None = field(default=None, repr=False)
-    # Webhook mode (issue 15): Telegram calls this URL (through the operator's TLS proxy) and Iva
+    # Webhook mode (O1): Telegram calls this URL (through the operator's TLS proxy) and Iva
     # serves it on webhook_listen; None: Iva polls getUpdates.
     webhook_url: str | None = None
     webhook_secret: str | None = field(default=None, repr=False)
@@ -132,7 +132,7 @@ class Settings:
     batch_size: int = DEFAULT_BATCH
     max_file_mb: int = DEFAULT_MAX_FILE_MB
     retention_days: int | None = DEFAULT_RETENTION_DAYS  # F7; None: nothing is pruned
-    # Voice, audio and video notes (issue 14): refused, sent as files, or transcribed by a command
+    # Voice, audio and video notes (I4): refused, sent as files, or transcribed by a command
     # (its argv, the audio file's path appended) within the timeout.
     voice: Literal["refuse", "file", "command"] = "refuse"
     transcribe_cmd: tuple[str, ...] = ()
@@ -297,7 +297,7 @@ class Settings:
         if not _LISTEN.fullmatch(listen):
             problems.append(f"IVA_API_LISTEN={listen!r} must be host:port, e.g. 127.0.0.1:8787")
 
-        # Webhook mode (issue 15). The URL is not required to be https here: Telegram refuses
+        # Webhook mode (O1). The URL is not required to be https here: Telegram refuses
         # anything else at setWebhook, and `iva check` says so; a local Bot API server or a test
         # fake may call plain http.
         webhook_url = get("IVA_TELEGRAM_WEBHOOK_URL")

@@ -1,4 +1,4 @@
-"""What a Telegram message carries besides its words, as short text for eve (issue 14).
+"""What a Telegram message carries besides its words, as short text for eve (I1, I4).
 
 Two uses, one vocabulary:
 

@@ -1,4 +1,4 @@
-"""An edited message (issue 14): what becomes of a person's correction.
+"""An edited message (I2): what becomes of a person's correction.
 
 Telegram sends an edit as ``edited_message``, the whole message as it now reads, with its
 ``edit_date``. The rule, decided in ingest's one transaction with the edit's dedupe mark — the

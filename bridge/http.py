@@ -123,7 +123,7 @@ class Listener:
         webhook: dict[str, object] | None = None
         if self.webhook is None:
             receiving = poll_age is not None and poll_age < POLL_STALE_AFTER
-        else:  # issue 15: Telegram's own view, from the last periodic getWebhookInfo
+        else:  # webhook mode (O1): Telegram's own view, from the last periodic getWebhookInfo
             receiving, webhook = self.webhook.status.report(self.webhook.url, time.time())
         replies_flowing = reply_age is None or reply_age < self.reply_stale_after
         ok = database == "ok" and receiving and overdue == 0 and replies_flowing

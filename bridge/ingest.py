@@ -75,7 +75,7 @@ class Ingest:
         self.alive_at = time.monotonic()  # the loop went round (the watchdog reads it)
 
     async def leave_webhook(self) -> None:
-        """Issue 15: polling after webhook mode. A webhook still set makes getUpdates answer 409,
+        """O1: polling after webhook mode. A webhook still set makes getUpdates answer 409,
         so it is deleted first — without dropping what Telegram holds, which getUpdates then hands
         over (switching modes loses nothing). A server that cannot say (an emulator without
         getWebhookInfo) is logged and polled anyway: a webhook would show as poll conflicts."""
@@ -364,7 +364,7 @@ class Ingest:
         return "queued"
 
     async def on_edit(self, message: Message) -> str:
-        """Issue 14: an edited message, by the rule of :mod:`bridge.edits` (replaced while it
+        """I2: an edited message, by the rule of :mod:`bridge.edits` (replaced while it
         waits, a correction once eve has it, nothing when nothing changed). Who may talk and
         what addresses the bot are the same as for a message."""
         user = message.from_user
@@ -508,7 +508,7 @@ class Ingest:
 
     @staticmethod
     def _spoken(message: Message, voice: str) -> Attachment | None:
-        """Issue 14: a voice message, audio file or video note, unless IVA_VOICE refuses them. Under
+        """I4: a voice message, audio file or video note, unless IVA_VOICE refuses them. Under
         ``file`` it goes to eve as a file part, like a document; under ``command`` the worker
         transcribes it when it composes the turn (the reference is queued now, so a restart loses
         nothing and this loop never waits for a transcription). A video is never taken."""

@@ -111,9 +111,9 @@ class QueuedMessage:
     private: bool
     date: int | None = None
     attachment: Attachment | None = None
-    reply: Reply | None = None  # issue 14; payloads written before it have none
+    reply: Reply | None = None  # I1; payloads written before it have none
     album: str | None = None  # Telegram's media_group_id: the parts go to eve as one turn
-    correction: bool = False  # an edit of a message eve already has (issue 14)
+    correction: bool = False  # an edit of a message eve already has (I2)
 
     kind = "message"
 

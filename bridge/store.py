@@ -144,7 +144,7 @@ _MIGRATIONS: dict[int, str] = {
         PRIMARY KEY (address, label)
     )
     """,
-    # The compaction phase as persisted state (issue 10): what a restart must know of a
+    # The compaction phase as persisted state (R1, R2): what a restart must know of a
     # compaction that is not in eve's stream — whether the request was sent, accepted, the chat
     # released (C6), a cancel wanted or sent (C4), and whom a manual one answers (M5).
     5: """
@@ -336,7 +336,7 @@ class Store:
         return Chat.from_row(row) if row else None
 
     async def update_chat(self, address: str, **fields: Any) -> int:
-        """Write chat fields; only :mod:`bridge.chat.transitions` calls this (issue 10)."""
+        """Write chat fields; only :mod:`bridge.chat.transitions` calls this (test_chat_layout)."""
         return await self.update_chat_if(address, {}, **fields)
 
     async def update_chat_if(self, address: str, guard: dict[str, Any], **fields: Any) -> int:

@@ -1,4 +1,4 @@
-"""Webhook mode (issue 15): Telegram POSTs each update to ``IVA_TELEGRAM_WEBHOOK_URL``; the
+"""Webhook mode (O1): Telegram POSTs each update to ``IVA_TELEGRAM_WEBHOOK_URL``; the
 operator's reverse proxy ends TLS and passes it to this listener (``IVA_WEBHOOK_LISTEN``).
 
 The promise is the polling loop's: an update is answered 200 only once it is durable

@@ -1,4 +1,4 @@
-"""Albums: the decision of which claimed messages go now, kept apart from the machinery (issue 14).
+"""Albums: the decision of which claimed messages go now, kept apart from the machinery (I3).
 
 Telegram sends an album (photos or documents sent together) as one message per part, sharing a
 ``media_group_id``, a few milliseconds apart. Each part is committed on arrival like any message;

@@ -1,7 +1,7 @@
 """Queued messages → what eve receives: one turn of text (and file parts) from several messages.
 
 A message that replies to another carries that message as quoted context, on the lines before
-the person's words (issue 14)::
+the person's words (I1)::
 
     > (replying to you) the assistant's earlier answer, or the part the person quoted
     > and its further lines

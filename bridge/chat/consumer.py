@@ -605,7 +605,7 @@ class BusyPeriod:
         claimed = await s.queue.claim(self.address, limit=limit + albums.LOOKAHEAD, claim=steer)
         if not claimed:
             return False
-        # An album steers whole, once settled (issue 14): a part arriving alone waits for the rest.
+        # An album steers whole, once settled (I3): a part arriving alone waits for the rest.
         taken = albums.cut(claimed, [decode(m.payload) for m in claimed], await s.queue.queued(self.address),
                            limit=limit, now=time.time(), started=s.transitions.album_clock())
         if taken.take < len(claimed):

@@ -30,7 +30,7 @@ class Lost(Exception):
 
 
 class Unheard(Exception):
-    """Nothing is left to send: the messages are recordings without a transcript (issue 14). The
+    """Nothing is left to send: the messages are recordings without a transcript (I4). The
     caller ends them — each sender told in one line — in the same commit as their end."""
 
     def __init__(self, items: Sequence[QueuedMessage]) -> None:
@@ -49,7 +49,7 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
         composed = await _compose(s, address, items)
         for _ in range(3):
             # An edit while the turn was put together (a file fetched, a recording transcribed)
-            # replaced the words on the record: eve gets the corrected ones (issue 14, edits.py).
+            # replaced the words on the record: eve gets the corrected ones (I2, edits.py).
             now = await _as_recorded(s, address, steer_claim or claim, steered, len(items))
             if now is None or now == list(items):
                 break

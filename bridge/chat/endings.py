@@ -55,7 +55,7 @@ async def fail_turn(s: Services, address: str, claim: str, reason: str) -> None:
 
 async def unheard(s: Services, address: str, claim: str, items: Sequence[QueuedMessage]) -> None:
     """Nothing of the turn could go to eve — its messages are recordings without a transcript
-    (issue 14): each sender is told in one line, the messages are done with, the chat is free;
+    (I4): each sender is told in one line, the messages are done with, the chat is free;
     eve never hears of it."""
     async with s.store.db.transaction():
         await say_unheard(s, address, items)

@@ -1,4 +1,4 @@
-"""Spoken input as text (issue 14, ``IVA_VOICE=command``): the operator's command, run without a
+"""Spoken input as text (I4, ``IVA_VOICE=command``): the operator's command, run without a
 shell on a private copy of the recording, within a timeout; what it prints is the transcript.
 
 The command line is ``IVA_TRANSCRIBE_CMD`` split as a shell would split it (config does that

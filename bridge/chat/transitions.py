@@ -1,4 +1,4 @@
-"""Every write of a chat's state, each a named transition in one transaction (issue 10).
+"""Every write of a chat's state, each a named transition in one transaction (R1).
 
 A transition reads the record, checks its precondition and writes, all inside one ``BEGIN
 IMMEDIATE`` transaction; the transaction is re-entrant, so a caller may add its own effects (an

@@ -47,7 +47,7 @@ _SLUG = re.compile(r"[a-z0-9_-]{1,48}")
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The constants, in one place (README "Notebook" lists them)."""
+    """The constants, in one place (docs/notebook.md lists them)."""
 
     max_note_chars: int = 2_000
     index_above_chars: int = 6_000
