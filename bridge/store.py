@@ -24,7 +24,7 @@ from .payloads import Kind, Origin
 __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "Outgoing",
            "SchemaMismatch", "Store", "read_status"]
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -164,6 +164,30 @@ _MIGRATIONS: dict[int, str] = {
     # it cancels again instead of resuming the turn's output.
     7: """
     ALTER TABLE chats ADD COLUMN stop_wanted INTEGER NOT NULL DEFAULT 0
+    """,
+    # The assistant writes first (W1-W10, bridge/push): reminders, and how far the chat's eve was
+    # told of the notifications sent without it (pushed turns and their keys are queue rows).
+    8: """
+    CREATE TABLE reminders (
+        id          TEXT PRIMARY KEY,
+        address     TEXT    NOT NULL,
+        text        TEXT    NOT NULL,
+        at          TEXT,
+        cron        TEXT,
+        tz          TEXT    NOT NULL,
+        next_at     REAL,
+        last_fired  REAL,
+        state       TEXT    NOT NULL DEFAULT 'active',
+        author      TEXT    NOT NULL,
+        created_at  REAL    NOT NULL,
+        updated_at  REAL    NOT NULL
+    );
+    CREATE INDEX reminders_due ON reminders (state, next_at);
+    CREATE INDEX reminders_by_address ON reminders (address, state);
+    CREATE TABLE push_told (
+        address     TEXT PRIMARY KEY,
+        upto        INTEGER NOT NULL
+    )
     """,
 }
 
