@@ -4,6 +4,7 @@ notifications, in process — the real store, ingest, workers and consumer, the 
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -319,3 +320,67 @@ def _state(h: Harness, state: ChatState) -> bool:
 
 def _queued(h: Harness) -> int:
     return int(h.observe("SELECT count(*) FROM diskqueue_messages WHERE state = 0")[0][0])
+
+
+# -- a SIGKILL at every statement --------------------------------------------------------------
+
+SWEEP_USERS = range(100, 400)
+
+
+async def test_a_kill_at_every_statement_of_a_pushed_turn(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
+    """W3: "killed" before every database statement from the push's commit to the turn's parking
+    (the image a SIGKILL leaves, tests/harness.py), restarted, and the caller pushing again with
+    the same key, as a client does whose request failed: answered once — twice only in the
+    labelled window (Telegram had the answer, its "sent" record had not committed)."""
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_ALLOWED_USER_IDS=",".join(map(str, SWEEP_USERS)))
+    await h.start()
+    reply = "echo: the brief"
+    try:
+        for k, user in enumerate(SWEEP_USERS, start=1):
+            await known_chat(h, tg, user)
+            assert h.db is not None
+            db, image = h.db, tmp_path / f"k{k}-image"
+            db.kill_at, db.image = db.statements + k, image
+
+            async def push(user: int = user, k: int = k) -> None:
+                assert h.pushes is not None
+                try:
+                    await h.pushes.push_turn(str(user), "the brief", key=f"sweep-{k}")
+                except sqlite3.OperationalError:
+                    pass  # killed inside the push: the caller saw no 202 and pushes again
+
+            await push()
+            await h.until(lambda db=db: db.killed.is_set() or _quiet(h), timeout=20, what="killed or done")
+            if not db.killed.is_set():
+                await h.settled()
+                assert tg.texts(user).count(reply) == 1
+                assert k > 10
+                return
+            sent_at_kill = tg.texts(user).count(reply)
+            pending_at_kill = _pending_in(image, h.settings.db_path.name)
+            await h.restart_from(image)
+            await push()
+            await h.settled(30)
+            after = tg.texts(user)
+            window = sent_at_kill >= 1 and pending_at_kill
+            assert after.count(reply) == (2 if window and after.count(reply) == 2 else 1), (k, after, window)
+            assert [t for t in after if t not in (reply, "echo: hello")] == [], (k, after)
+            assert len([b for b in pushed_sends(fake_eve) if str(user) in str(b)]) <= 2
+        raise AssertionError("the scenario has more statements than the sweep has users")
+    finally:
+        await h.stop()
+
+
+def _pending_in(image: Path, name: str) -> bool:
+    conn = sqlite3.connect(image / name)
+    try:
+        return bool(conn.execute("SELECT count(*) FROM outbox WHERE state = 'pending'").fetchone()[0])
+    finally:
+        conn.close()
+
+
+async def _quiet(h: Harness) -> bool:
+    try:
+        return not await h._unsettled(True)
+    except Exception:
+        return False
