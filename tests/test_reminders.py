@@ -181,7 +181,7 @@ async def test_a_blocked_chat_pauses_its_reminders_and_a_new_message_resumes_the
 
 
 async def test_limits_and_bad_input_are_errors_naming_the_field(clocked: tuple[Harness, Clock]):
-    h, clock = clocked
+    h, _clock = clocked
     rm = reminders(h)
     bad: list[tuple[dict[str, Any], str]] = [
         ({"text": "", "at": utc(T0 + 60)}, "text"), ({"text": None, "at": utc(T0 + 60)}, "text"),
@@ -270,7 +270,7 @@ async def api(clocked: tuple[Harness, Clock]) -> AsyncIterator[tuple[Harness, Cl
 
 
 async def test_the_owner_api_sets_lists_and_cancels_reminders(api: tuple[Harness, Clock, httpx.AsyncClient]):
-    h, clock, client = api
+    _h, _clock, client = api
     r = await client.post(f"/v1/chats/{A}/reminders", json={"text": "brief", "cron": "30 7 * * 1-5",
                                                             "tz": "Europe/Berlin"})
     assert r.status_code == 201, r.text
@@ -294,7 +294,7 @@ async def test_the_owner_api_sets_lists_and_cancels_reminders(api: tuple[Harness
 
 async def test_reminders_command_lists_them_with_a_cancel_button_each_for_the_owner(
         clocked: tuple[Harness, Clock], tg: FakeTelegram):
-    h, clock = clocked
+    h, _clock = clocked
     await reminders(h).set(A, "water the plants", cron="0 8 * * *")
     await reminders(h).set(A, "call mum", at=utc(T0 + 3600))
     await tg.message("/reminders", user_id=OWNER)
@@ -315,7 +315,7 @@ async def test_reminders_command_lists_them_with_a_cancel_button_each_for_the_ow
 
 
 async def test_reminders_are_for_the_owner_only(clocked: tuple[Harness, Clock], tg: FakeTelegram):
-    h, clock = clocked
+    h, _clock = clocked
     await tg.message("hi", user_id=FRIEND)
     await h.settled()
     await reminders(h).set(str(FRIEND), "secret plan", cron="0 8 * * *")
