@@ -384,3 +384,16 @@ async def _quiet(h: Harness) -> bool:
         return not await h._unsettled(True)
     except Exception:
         return False
+
+
+async def test_a_pushed_turn_eve_fails_itself_tells_the_chat_in_one_line(harness: Harness, tg: FakeTelegram):
+    """W4 for eve's own turn.failed (the model call failed): the pushed turn's line, not the
+    person's "please try again", and the turn reads failed."""
+    await known_chat(harness, tg)
+    assert harness.pushes is not None
+    state = await harness.pushes.push_turn(A, "weekly digest [[fail=500]]")
+    await harness.settled()
+    texts = tg.texts(OWNER)[1:]
+    assert len(texts) == 1 and "weekly digest" in texts[0] and "try again" not in texts[0].lower(), texts
+    done = await harness.pushes.turn(A, state.id)
+    assert done is not None and done.state == "failed" and done.failed == "MODEL_CALL_FAILED"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -392,3 +393,21 @@ async def test_a_reminder_fired_turn_is_an_owner_turn_with_the_tools(with_tools:
     await h.settled()
     assert "chat_reminder_list" in fake_eve.mcp_results[-1]["listed"]
     assert not fake_eve.mcp_results[-1].get("is_error")
+
+
+async def test_retention_prunes_finished_reminders_and_keeps_active_ones(clocked: tuple[Harness, Clock]):
+    """F7: a reminder done or cancelled before the window goes; an active one stays, whatever its age."""
+    from bridge import retention
+
+    h, clock = clocked
+    once = await reminders(h).set(A, "once", at=utc(T0 + 60))
+    gone = await reminders(h).set(A, "cancelled", cron="0 9 * * *")
+    kept = await reminders(h).set(A, "kept", cron="0 9 * * *")
+    await reminders(h).cancel(A, gone.id)
+    clock.now = T0 + 61
+    await reminders(h).fire_due()
+    await h.settled()
+    pruned = await retention.prune(h.s.queue, h.s.store, days=1, now=time.time() + 2 * 86_400)
+    assert pruned.reminders == 2
+    left = {r["id"] for r in h.observe("SELECT id FROM reminders")}
+    assert left == {kept.id} and once.id not in left

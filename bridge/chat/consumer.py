@@ -362,7 +362,8 @@ class BusyPeriod:
                 METRICS.turns.labels(outcome="failed").inc()
                 await self._end_draft()
                 async with s.store.db.transaction():
-                    await s.outbox.say(chat, f"failed:{event.id}", t("turn_failed", chat.lang, reason=event.code or "error"))
+                    await s.outbox.say(chat, f"failed:{event.id}", await pushed.turn_failed(s.queue, chat, event.code or "error")
+                                       or t("turn_failed", chat.lang, reason=event.code or "error"))  # W4
                     await tr.advance(self.address, claim, self.cursor)
                     await self._commit_spend()
                 await s.outbox.flush(self.address)

@@ -42,6 +42,7 @@ from .. import log
 from ..payloads import PushedTurn
 from ..state import StateCorrupt, corrupt
 from ..store import Store
+from .store import PushStore
 from .turns import PushError, Pushes, iso
 
 __all__ = ["LATE_AFTER", "LOOK_EVERY", "MAX_PER_CHAT", "MAX_TEXT", "Reminder", "Reminders"]
@@ -130,6 +131,7 @@ class Reminders:
     def __init__(self, db: Database, store: Store, pushes: Pushes, *, default_tz: str = "UTC",
                  clock: Callable[[], float] = time.time) -> None:
         self.db = db
+        self.sql = PushStore(db)
         self.store = store
         self.pushes = pushes
         self.default_tz = default_tz
@@ -137,9 +139,6 @@ class Reminders:
         self.changed = asyncio.Event()  # a reminder was set or cancelled, a chat unblocked: look again
 
     # -- reading ----------------------------------------------------------------------------
-
-    _SELECT = ("SELECT r.*, coalesce(c.blocked, 1) AS paused FROM reminders r "
-               "LEFT JOIN chats c ON c.address = r.address")
 
     @staticmethod
     def _of(row: Any) -> Reminder:
@@ -149,12 +148,10 @@ class Reminders:
 
     async def active(self, address: str) -> list[Reminder]:
         """The chat's active reminders, the next due first."""
-        rows = await self.db.fetchall(f"{self._SELECT} WHERE r.address = ? AND r.state = 'active' "
-                                      "ORDER BY r.next_at, r.created_at", (address,))
-        return [self._of(r) for r in rows]
+        return [self._of(r) for r in await self.sql.reminders(address)]
 
     async def get(self, address: str, reminder_id: str) -> Reminder | None:
-        row = await self.db.fetchone(f"{self._SELECT} WHERE r.address = ? AND r.id = ?", (address, reminder_id))
+        row = await self.sql.reminder(address, reminder_id)
         return None if row is None else self._of(row)
 
     # -- writing ----------------------------------------------------------------------------
@@ -181,15 +178,11 @@ class Reminders:
         async with self.db.transaction():
             if await self.store.chat(address) is None:
                 raise PushError("chat", f"Iva has no chat {address}.", status=404, code="no_chat")
-            row = await self.db.fetchone("SELECT count(*) FROM reminders WHERE address = ? AND state = 'active'",
-                                         (address,))
-            if row is not None and int(row[0]) >= MAX_PER_CHAT:
+            if await self.sql.active_count(address) >= MAX_PER_CHAT:
                 raise PushError("chat", f"This chat has {MAX_PER_CHAT} reminders already, the most it may have: "
                                         "cancel one first.", status=422, code="too_many")
-            await self.db.execute(
-                "INSERT INTO reminders (id, address, text, at, cron, tz, next_at, author, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (reminder_id, address, text, at_text, cron_text, zone_name, next_at, author, now, now))
+            await self.sql.add_reminder(id=reminder_id, address=address, text=text, at=at_text, cron=cron_text,
+                                        tz=zone_name, next_at=next_at, author=author, created_at=now, updated_at=now)
         logger.info("reminder_set", address=address, reminder=reminder_id, at=at_text, cron=cron_text, tz=zone_name,
                     next_at=iso(next_at), author=author)
         self.changed.set()
@@ -200,9 +193,7 @@ class Reminders:
     async def cancel(self, address: str, reminder_id: str) -> bool:
         """True when an active reminder of the chat was cancelled."""
         async with self.db.transaction():
-            done = await self.db.execute(
-                "UPDATE reminders SET state = 'cancelled', next_at = NULL, updated_at = ? "
-                "WHERE address = ? AND id = ? AND state = 'active'", (self.clock(), address, reminder_id))
+            done = await self.sql.cancel_reminder(address, reminder_id, self.clock())
         if done:
             logger.info("reminder_cancelled", address=address, reminder=reminder_id)
             self.changed.set()
@@ -218,9 +209,7 @@ class Reminders:
             now = self.clock()
             fired: list[str] = []
             async with self.db.transaction():
-                rows = await self.db.fetchall(
-                    f"{self._SELECT} WHERE r.state = 'active' AND r.next_at <= ? AND coalesce(c.blocked, 1) = 0 "
-                    "ORDER BY r.next_at LIMIT ?", (now, BATCH))
+                rows = await self.sql.due_reminders(now, BATCH)
                 for row in rows:
                     reminder = self._of(row)
                     if await self._fire(reminder, now):
@@ -243,22 +232,15 @@ class Reminders:
             row, created = await self.pushes.enqueue(r.address, turn)
             logger.info("reminder_fired", address=r.address, reminder=r.id, due=iso(due), late=late, queue_id=row,
                         new=created)
-        if r.cron is None:
-            await self.db.execute("UPDATE reminders SET state = 'done', next_at = NULL, last_fired = ?, "
-                                  "updated_at = ? WHERE id = ?", (max(due, r.last_fired or due), now, r.id))
-        else:
-            # The first instant after now (and after the last fire): missed ones never fire one by one.
-            last = max(due, r.last_fired or due)
-            _, zone = _zone(r.tz, "UTC")
-            await self.db.execute("UPDATE reminders SET next_at = ?, last_fired = ?, updated_at = ? WHERE id = ?",
-                                  (_cron_next(r.cron, zone, max(now, last)), last, now, r.id))
+        last = max(due, r.last_fired or due)
+        # A recurring one's next instant is the first after now (and after the last fire): missed
+        # ones never fire one by one.
+        upcoming = None if r.cron is None else _cron_next(r.cron, _zone(r.tz, "UTC")[1], max(now, last))
+        await self.sql.reminder_fired(r.id, last_fired=last, next_at=upcoming, now=now)
         return fresh
 
     async def next_due(self) -> float | None:
-        row = await self.db.fetchone(
-            "SELECT min(r.next_at) FROM reminders r JOIN chats c ON c.address = r.address "
-            "WHERE r.state = 'active' AND c.blocked = 0")
-        return None if row is None or row[0] is None else float(row[0])
+        return await self.sql.next_due()
 
     async def run(self, *, look_every: float = LOOK_EVERY) -> None:
         """Forever: fire what is due, then sleep until the next instant (on the monotonic clock,

@@ -32,9 +32,10 @@ from .. import log
 from ..payloads import PushedTurn, Queued, decode
 from ..store import Chat, Store
 from ..texts import t
+from .store import PushStore
 
 __all__ = ["MAX_KEY", "MAX_TEXT", "PushError", "Pushes", "TurnState", "alone", "context", "failed_line",
-           "iso", "person_depth", "told", "unsteered"]
+           "iso", "person_depth", "told", "turn_failed", "unsteered"]
 
 logger = log.get("bridge.push")
 
@@ -118,6 +119,7 @@ class Pushes:
                  flush: Callable[[str], Coroutine[Any, Any, None]],
                  spawn: Callable[[Coroutine[Any, Any, Any]], object]) -> None:
         self.db = db
+        self.sql = PushStore(db)
         self.queue = queue
         self.store = store
         self.wake = wake
@@ -142,9 +144,10 @@ class Pushes:
         row = await self.queue.enqueue(address, turn.to_payload(), dedupe_key=dedupe)
         if row is not None:
             return row, True
-        found = await self.db.fetchone("SELECT id FROM diskqueue_messages WHERE dedupe_key = ?", (dedupe,))
+        assert dedupe is not None
+        found = await self.sql.queue_id(dedupe)
         assert found is not None
-        return int(found["id"]), False
+        return found, False
 
     async def push_turn(self, address: str, text: object, *, key: object = None, by: object = None) -> TurnState:
         """W1/W2: the turn, committed before this returns (a 202 means it is on disk)."""
@@ -174,9 +177,7 @@ class Pushes:
         row_id = _row_of(turn_id, "t")
         if row_id is None:
             return None
-        row = await self.db.fetchone(
-            "SELECT id, address, payload, state, enqueued_at, claimed_at, finished_at FROM diskqueue_messages "
-            "WHERE id = ?", (row_id,))
+        row = await self.sql.queue_row(row_id)
         if row is None or row["address"] != address:
             return None
         payload = json.loads(row["payload"])
@@ -201,12 +202,12 @@ class Pushes:
         async with self.db.transaction():
             chat = await self._writable(address)
             created = await self.store.put_outgoing(address, outbox_key, chat.chat_id, chat.thread_id, body)
-            row = await self.db.fetchone("SELECT id FROM outbox WHERE key = ?", (outbox_key,))
+            row = await self.sql.outbox_id(outbox_key)
         assert row is not None
         if created:
-            logger.info("notification_queued", address=address, outbox_id=row["id"], key=given)
+            logger.info("notification_queued", address=address, outbox_id=row, key=given)
             self.spawn(self.flush(address))
-        return f"m{row['id']}", created
+        return f"m{row}", created
 
 
 # -- what the chat's machinery calls ----------------------------------------------------------
@@ -232,10 +233,7 @@ async def unsteered(queue: DiskQueue, claimed: Sequence[Message], *, claim: str)
 async def person_depth(db: Database, address: str) -> int:
     """The chat's queued messages that are not pushed turns (a pushed turn never interrupts a
     compaction: it waits for it)."""
-    row = await db.fetchone(
-        "SELECT count(*) FROM diskqueue_messages WHERE address = ? AND state = ? AND "
-        "coalesce(json_extract(payload, '$.kind'), 'message') != ?", (address, int(State.QUEUED), PushedTurn.kind))
-    return int(row[0]) if row else 0
+    return await PushStore(db).queued_besides(address, PushedTurn.kind)
 
 
 def _who(turn: PushedTurn) -> str:
@@ -268,10 +266,7 @@ async def context(db: Database, address: str, items: Sequence[Queued], block: st
         parts.append(pushed_line(pushed))
     upto = None
     if not steer:
-        rows = await db.fetchall(
-            "SELECT id, text, sent_at FROM outbox WHERE address = ? AND state = 'sent' AND substr(key, 1, ?) = ? "
-            "AND id > coalesce((SELECT upto FROM push_told WHERE address = ?), 0) ORDER BY id DESC LIMIT ?",
-            (address, len(NOTIFY), NOTIFY, address, TOLD_AT_MOST))
+        rows = await PushStore(db).sent_since_told(address, NOTIFY, TOLD_AT_MOST)
         if rows:
             upto = int(rows[0]["id"])
             lines = [f"- at {iso(r['sent_at'])}: {_cap(r['text'])}" for r in reversed(rows)]
@@ -290,11 +285,18 @@ async def told(db: Database, address: str, upto: int | None) -> None:
     """eve has the turn whose clientContext named the notifications up to ``upto``."""
     if upto is None:
         return
-    await db.execute("INSERT INTO push_told (address, upto) VALUES (?, ?) ON CONFLICT (address) DO UPDATE SET "
-                     "upto = max(upto, excluded.upto)", (address, upto))
+    await PushStore(db).mark_told(address, upto)
 
 
-async def failed_line(queue: DiskQueue, chat: Chat, inflight: Sequence[Message], reason: str) -> str | None:
+async def turn_failed(queue: DiskQueue, chat: Chat, reason: str) -> str | None:
+    """In the caller's transaction, when eve failed the turn itself (``turn.failed``): as
+    :func:`failed_line` for the turn's rows, still in flight."""
+    inflight = [m for m in await queue.inflight(chat.address) if m.claim == chat.claim]
+    return await failed_line(queue, chat, inflight, reason, state=State.INFLIGHT)
+
+
+async def failed_line(queue: DiskQueue, chat: Chat, inflight: Sequence[Message], reason: str, *,
+                      state: State = State.DONE) -> str | None:
     """In the caller's transaction, after the turn's rows were acknowledged: a pushed turn that
     could not run is marked failed (its state reads so) and the chat is told in one line, which
     is returned; None when the turn was no pushed one (the caller says what it says to people)."""
@@ -302,7 +304,7 @@ async def failed_line(queue: DiskQueue, chat: Chat, inflight: Sequence[Message],
     if not pushed:
         return None
     for message, _ in pushed:
-        await queue.replace(message.id, {**message.payload, "failed": reason}, state=State.DONE)
+        await queue.replace(message.id, {**message.payload, "failed": reason}, state=state)
     first = pushed[0][1]
     assert isinstance(first, PushedTurn)
     what = first.text if len(first.text) <= 80 else first.text[:80] + "…"
