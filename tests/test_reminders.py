@@ -411,3 +411,24 @@ async def test_retention_prunes_finished_reminders_and_keeps_active_ones(clocked
     assert pruned.reminders == 2
     left = {r["id"] for r in h.observe("SELECT id FROM reminders")}
     assert left == {kept.id} and once.id not in left
+
+
+async def test_the_reminders_loop_fires_on_the_moved_clock_and_wakes_on_a_new_reminder(
+        clocked: tuple[Harness, Clock], tg: FakeTelegram):
+    """The loop itself: it fires what the (injected) wall clock says is due, and a reminder set
+    while it sleeps wakes it to look again. Its sleeps are bounded (here 50 ms), never the wait."""
+    import asyncio
+
+    h, clock = clocked
+    loop = asyncio.create_task(reminders(h).run(look_every=0.05))
+    try:
+        await reminders(h).set(A, "loop one", at=utc(T0 + 3600))
+        await h.until(lambda: reminders(h).changed.is_set() is False, what="the loop looked")
+        assert fired(h) == []
+        clock.now = T0 + 3601
+        await h.until(lambda: len(fired(h)) == 1, what="fired by the loop")
+        await h.settled()
+        assert tg.texts(OWNER)[-1] == "echo: loop one"
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
