@@ -32,6 +32,9 @@ from .http import Listener
 from .ingest import Ingest
 from .metrics import METRICS
 from .notebook import McpServer, Notebook, NotebookConfig, OwnerApi, PressureTexts, Rebuilder
+from .push.api import PushApi
+from .push.reminders import Reminders
+from .push.turns import Pushes
 from .sender import Sender, undecodable
 from .state import StateCorrupt, StateUnavailable, open_state
 from .texts import t
@@ -103,6 +106,7 @@ class Bridge:
                 BotCommand(command="stop", description=t("cmd_stop", lang)),
                 BotCommand(command="compact", description=t("cmd_compact", lang)),
                 BotCommand(command="status", description=t("cmd_status", lang)),
+                BotCommand(command="reminders", description=t("cmd_reminders", lang)),
                 *([BotCommand(command="notes", description=t("cmd_notes", lang))] if self.settings.notes_enabled else []),
                 BotCommand(command="help", description=t("cmd_help", lang)),
             ]
@@ -161,13 +165,18 @@ class Bridge:
                         requeued=requeued)
             scheduler = Scheduler(services)
             stack.push_async_callback(scheduler.close)
-            ingest = Ingest(services=services, me=me, scheduler=scheduler, commands=Commands(services, scheduler))
-            routes = [OwnerApi(s.api_token, notebook, store).routes]
+            # W1-W9: pushed turns, notifications and reminders, through the chat's queue and outbox.
+            pushes = Pushes(db, queue, store, wake=scheduler.wake, flush=services.outbox.flush, spawn=self.spawn)
+            reminders = Reminders(db, store, pushes, default_tz=s.tz)
+            ingest = Ingest(services=services, me=me, scheduler=scheduler,
+                            commands=Commands(services, scheduler, reminders))
+            owner_api = OwnerApi(s.api_token, notebook, store)
+            routes = [owner_api.routes, PushApi(owner_api.guard, pushes, reminders).routes]
             if notebook.enabled:  # N8: disabled means no tools at all
                 if not s.mcp_token:
                     logger.warning("mcp_without_token", listen=s.api_listen,
                                    fix="set IVA_MCP_TOKEN, and the same value as NOTEBOOK_MCP_TOKEN where eve builds")
-                routes.append(McpServer(notebook, store, token=s.mcp_token).routes)
+                routes.append(McpServer(notebook, store, token=s.mcp_token, reminders=reminders).routes)
             webhook = None
             if s.webhook_url is not None:  # O1: Telegram calls us instead of being polled
                 assert s.webhook_secret is not None  # Settings.from_env requires it
@@ -196,6 +205,7 @@ class Bridge:
                     group.create_task(ingest.run() if webhook is None else webhook.run(), name="ingest")
                     group.create_task(self._watchdog(ingest), name="watchdog")
                     group.create_task(self._stop_watcher(), name="stop")
+                    group.create_task(reminders.run(), name="reminders")  # W7: due ones at once, then on time
                     if s.retention_days is not None:  # F7: at once, then hourly, in small batches
                         group.create_task(retention.run(queue, store, days=s.retention_days), name="retention")
             except* _Shutdown:

@@ -8,7 +8,9 @@ import json
 import os
 import sqlite3
 import sys
+import time
 from collections.abc import Sequence
+from typing import Any
 
 from aiogram import Bot
 from aiogram.exceptions import (
@@ -201,6 +203,7 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     print(f"{path}: {snapshot['chats_known']} chats, {snapshot['busy_chats']} busy, "
           f"{snapshot['queued']} messages waiting, {snapshot['replies_pending']} replies pending")
+    _reminders(snapshot["reminders"])
     if not snapshot["chats"]:
         print("nothing busy, waiting or failing")
         return 0
@@ -226,6 +229,20 @@ def _status(args: argparse.Namespace) -> int:
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
     return 0
+
+
+def _reminders(reminders: dict[str, Any]) -> None:
+    """W7: how many reminders, the next, and each one due and not fired or paused."""
+    if not reminders["active"]:
+        return
+    upcoming = reminders["next_at"]
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(upcoming)) if upcoming is not None else "none"
+    print(f"reminders: {reminders['active']} active, next {when}, {len(reminders['due'])} due, "
+          f"{len(reminders['paused'])} paused")
+    for r in reminders["due"]:
+        print(f"  due    {r['id']}  chat {r['address']}  for {_duration(r['due_for_s']) or '0s'}  {r['text']}")
+    for r in reminders["paused"]:
+        print(f"  paused {r['id']}  chat {r['address']}  (the chat blocked the bot or is gone)  {r['text']}")
 
 
 def _duration(seconds: float | None) -> str:

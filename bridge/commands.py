@@ -18,10 +18,14 @@ from .addressing import Address
 from .chat.services import Services
 from .chat.transitions import ChatState, state_of
 from .payloads import Kind, QueuedMessage, decode
+from .push.chat import pressed, reminders_command
 from .texts import number, t
 
 if TYPE_CHECKING:
+    from aiogram.types import CallbackQuery
+
     from .chat.worker import Scheduler
+    from .push.reminders import Reminders
 
 __all__ = ["Commands"]
 
@@ -29,9 +33,10 @@ logger = log.get("bridge.commands")
 
 
 class Commands:
-    def __init__(self, services: Services, scheduler: Scheduler) -> None:
+    def __init__(self, services: Services, scheduler: Scheduler, reminders: Reminders | None = None) -> None:
         self.s = services
         self.scheduler = scheduler
+        self.reminders = reminders  # W8: /reminders and its cancel buttons
         self._compacting: set[str] = set()  # M4: set before the first await of a /compact
 
     async def handle(self, command: str, message: Message, address: Address, lang: str, key: str,
@@ -44,6 +49,8 @@ class Commands:
             return await self.new(message, address, lang, key)
         if command == "stop":
             return await self.stop(message, address, lang, key)
+        if command == "reminders" and self.reminders is not None:
+            return await reminders_command(self.s, self.reminders, message, address, lang, key)
         s, addr = self.s, str(address)
         owner = message.from_user is not None and message.from_user.id in s.settings.owner_ids
         text = await self.status_text(addr, lang, owner=owner) if command == "status" else t(command, lang)
@@ -54,6 +61,12 @@ class Commands:
             await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text)
         s.spawn(s.outbox.flush(addr))
         return "command"
+
+    async def reminder_pressed(self, query: CallbackQuery, reminder_id: str, lang: str) -> str:
+        """A /reminders cancel button (W8): the note to show the presser."""
+        if self.reminders is None:
+            return t("reminder_gone", lang)
+        return await pressed(self.s, self.reminders, query, reminder_id, lang)
 
     # -- /new -------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import shutil
+import zoneinfo
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +142,8 @@ class Settings:
     notes_enabled: bool = True
     notes_connection: str = "notebook"
     notes_texts: tuple[str | None, str | None, str | None] = (None, None, None)  # window, wrap, nudge
+    # The IANA zone a reminder's cron reads in when it names none (W7).
+    tz: str = "UTC"
 
     @property
     def db_path(self) -> Path:
@@ -346,6 +349,13 @@ class Settings:
                 except (KeyError, IndexError, ValueError) as exc:
                     problems.append(f"{name}: only {{used}}, {{wall}}, {{left}} and {{wall_name}} may be used ({exc})")
 
+        tz = get("IVA_TZ") or "UTC"
+        try:
+            zoneinfo.ZoneInfo(tz)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            problems.append(f"IVA_TZ={tz!r} is not an IANA time zone, e.g. Europe/Berlin or UTC")
+            tz = "UTC"
+
         settings = dict(
             context_window=integer("IVA_CONTEXT_WINDOW", None, low=1000),
             compact_percent=integer("IVA_COMPACT_PERCENT", DEFAULT_COMPACT_PERCENT, low=1, high=100),
@@ -386,6 +396,7 @@ class Settings:
             notes_enabled=notes_enabled,
             notes_connection=connection,
             notes_texts=texts,
+            tz=tz,
             voice=voice,  # type: ignore[arg-type]
             transcribe_cmd=transcribe_cmd,
             **settings,  # type: ignore[arg-type]

@@ -36,6 +36,7 @@ from .describe import describe, quoted
 from .edits import commit_edit, edit_key, message_key
 from .metrics import METRICS
 from .payloads import Attachment, InputAnswer, PromptButton, QueuedMessage, Spoken
+from .push.chat import button as reminder_button
 from .state import StateCorrupt, corrupt
 from .store import Chat
 from .texts import pick_lang, t
@@ -268,8 +269,11 @@ class Ingest:
         note: str | None = None
         outcome = "callback"
         try:
-            button = PromptButton.parse(query.data)
             lang = pick_lang(query.from_user.language_code, self.settings.lang)
+            if (reminder := reminder_button(query.data)) is not None:  # W8: a /reminders cancel button
+                note = await self.commands.reminder_pressed(query, reminder, lang)
+                return "reminder"
+            button = PromptButton.parse(query.data)
             if button is None or not self.settings.may_talk(query.from_user.id):
                 return "ignored"
             prompt = await self.store.prompt(button.prompt_id)
@@ -329,7 +333,7 @@ class Ingest:
             return "stranger"
         lang = pick_lang(user.language_code, self.settings.lang)
         key = message_key(message.chat.id, message.message_id)
-        if inbound.command in ("compact", "notes", "start", "help", "status", "new", "stop"):
+        if inbound.command in ("compact", "notes", "start", "help", "status", "new", "stop", "reminders"):
             return await self.commands.handle(inbound.command, message, address, lang, key, inbound.command_args)
         prepared = self._prepare(message, inbound, user, lang)
         if isinstance(prepared, str) and not hold:

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Attachment", "InputAnswer", "Kind", "Origin", "PromptButton", "Queued", "QueuedMessage", "Reply",
-           "Spoken",            "decode"]
+__all__ = ["Attachment", "InputAnswer", "Kind", "Origin", "PromptButton", "PushedTurn", "Queued", "QueuedMessage",
+           "Reply", "Spoken", "decode"]
 
 
 class Kind(enum.StrEnum):
@@ -150,11 +150,57 @@ class InputAnswer:
                 "message_id": self.message_id, "user_id": self.user_id}
 
 
-Queued = QueuedMessage | InputAnswer
+@dataclass(frozen=True, slots=True)
+class PushedTurn:
+    """A turn nobody wrote in the chat (W1): pushed through the owner API or by a reminder
+    falling due. It is always a turn of its own, never batched with the person's messages nor
+    steered into a running turn; eve is told in ``clientContext`` who pushed it (``source``:
+    ``api`` or ``reminder``; ``by``: the caller's own name for itself, if it gave one) and its
+    ``key``. ``due`` (a reminder's due instant, UTC seconds) and ``late`` (it fell due while Iva
+    was down or the clock jumped) come with a reminder's fire. ``failed``: why it could not run,
+    written when it ended so (W4)."""
+
+    text: str
+    source: str = "api"
+    key: str | None = None
+    by: str | None = None
+    reminder: str | None = None
+    due: float | None = None
+    late: bool = False
+    failed: str | None = None
+
+    kind = "pushed"
+    owner = True  # pushed with the owner's token (or set by the owner): the owner's turn (N1)
+
+    def to_payload(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "text": self.text, "source": self.source, "key": self.key}
+        for name in ("by", "reminder", "due", "failed"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.late:
+            out["late"] = True
+        return out
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> PushedTurn:
+        def text_or_none(name: str) -> str | None:
+            value = payload.get(name)
+            return None if value is None else str(value)
+
+        due = payload.get("due")
+        return cls(text=str(payload.get("text") or ""), source=str(payload.get("source") or "api"),
+                   key=text_or_none("key"), by=text_or_none("by"), reminder=text_or_none("reminder"),
+                   due=float(due) if isinstance(due, int | float) else None, late=bool(payload.get("late")),
+                   failed=text_or_none("failed"))
+
+
+Queued = QueuedMessage | InputAnswer | PushedTurn
 
 
 def decode(payload: Mapping[str, Any]) -> Queued:
     """A queue row's payload as its type (rows written before the types existed read the same)."""
+    if payload.get("kind") == PushedTurn.kind:
+        return PushedTurn.from_payload(payload)
     if payload.get("kind") == InputAnswer.kind:
         return InputAnswer(request_id=str(payload["request_id"]), option_id=str(payload["option_id"]),
                            message_id=int(payload.get("message_id") or 0), user_id=int(payload.get("user_id") or 0))

@@ -2,7 +2,8 @@
 
 What goes, once it finished before the window: queue rows that are done or dropped (the
 message texts with them, and the dedupe marks of updates handled on the spot), sent or failed
-outbox rows (reply texts), closed prompts. What stays, whatever its age: every queued or in-flight
+outbox rows (reply texts, notifications and their keys), closed prompts, done or cancelled
+reminders; a pushed turn's key is its queue row's dedupe key and goes with the row. What stays, whatever its age: every queued or in-flight
 message, every pending reply, every open prompt, and whatever a busy period that is still running
 may read — the queue rows under its claim, the outbox rows written since it began, the prompts of
 its session; and the tables that are state rather than history (chats, the notebook, spend).
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from diskqueue import DiskQueue
 
 from . import log
+from .push.store import PushStore
 from .state import StateCorrupt, corrupt
 from .store import Store
 
@@ -50,10 +52,11 @@ class Pruned:
     outbox: int = 0
     prompts: int = 0
     freed_pages: int = 0
+    reminders: int = 0
 
     @property
     def rows(self) -> int:
-        return self.queue + self.outbox + self.prompts
+        return self.queue + self.outbox + self.prompts + self.reminders
 
 
 async def prune(queue: DiskQueue, store: Store, *, days: float, now: float | None = None,
@@ -73,8 +76,11 @@ async def prune(queue: DiskQueue, store: Store, *, days: float, now: float | Non
     async def prompts_batch() -> int:
         return await store.prune_prompts(before=before, limit=batch)
 
+    async def reminders_batch() -> int:
+        return await PushStore(db).prune_reminders(before=before, limit=batch)
+
     counts: list[int] = []
-    for step in (queue_batch, outbox_batch, prompts_batch):
+    for step in (queue_batch, outbox_batch, prompts_batch, reminders_batch):
         total = 0
         while True:
             async with db.transaction():  # the busy claims are read in the same transaction
@@ -87,7 +93,7 @@ async def prune(queue: DiskQueue, store: Store, *, days: float, now: float | Non
     freed = 0
     if sum(counts):
         freed = await store.give_back_free_pages(batch)
-    return Pruned(queue=counts[0], outbox=counts[1], prompts=counts[2], freed_pages=freed)
+    return Pruned(queue=counts[0], outbox=counts[1], prompts=counts[2], freed_pages=freed, reminders=counts[3])
 
 
 async def run(queue: DiskQueue, store: Store, *, days: int, interval: float = INTERVAL,
@@ -109,6 +115,6 @@ async def run(queue: DiskQueue, store: Store, *, days: int, interval: float = IN
         else:
             if pruned.rows:
                 logger.info("retention_pruned", days=days, queue_rows=pruned.queue, outbox_rows=pruned.outbox,
-                            prompts=pruned.prompts, freed_pages=pruned.freed_pages,
+                            prompts=pruned.prompts, reminders=pruned.reminders, freed_pages=pruned.freed_pages,
                             seconds=round(time.monotonic() - started, 3))
         await asyncio.sleep(interval)

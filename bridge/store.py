@@ -24,7 +24,7 @@ from .payloads import Kind, Origin
 __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "Outgoing",
            "SchemaMismatch", "Store", "read_status"]
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -164,6 +164,30 @@ _MIGRATIONS: dict[int, str] = {
     # it cancels again instead of resuming the turn's output.
     7: """
     ALTER TABLE chats ADD COLUMN stop_wanted INTEGER NOT NULL DEFAULT 0
+    """,
+    # The assistant writes first (W1-W10, bridge/push): reminders, and how far the chat's eve was
+    # told of the notifications sent without it (pushed turns and their keys are queue rows).
+    8: """
+    CREATE TABLE reminders (
+        id          TEXT PRIMARY KEY,
+        address     TEXT    NOT NULL,
+        text        TEXT    NOT NULL,
+        at          TEXT,
+        cron        TEXT,
+        tz          TEXT    NOT NULL,
+        next_at     REAL,
+        last_fired  REAL,
+        state       TEXT    NOT NULL DEFAULT 'active',
+        author      TEXT    NOT NULL,
+        created_at  REAL    NOT NULL,
+        updated_at  REAL    NOT NULL
+    );
+    CREATE INDEX reminders_due ON reminders (state, next_at);
+    CREATE INDEX reminders_by_address ON reminders (address, state);
+    CREATE TABLE push_told (
+        address     TEXT PRIMARY KEY,
+        upto        INTEGER NOT NULL
+    )
     """,
 }
 
@@ -627,6 +651,11 @@ def read_status(path: Path, *, now: float | None = None) -> dict[str, Any]:
             "AS oldest_pending, max(CASE WHEN state = 'failed' THEN coalesce(sent_at, created_at) END) AS last_failed "
             "FROM outbox WHERE state IN ('pending', 'failed') GROUP BY address")}
         chats = conn.execute("SELECT * FROM chats ORDER BY address").fetchall()
+        # W7: the reminders due and not fired (is the daemon running?) and those paused by a
+        # blocked or gone chat; how many are active, and the next instant.
+        reminders = conn.execute(
+            "SELECT r.id, r.address, r.text, r.next_at, coalesce(c.blocked, 1) AS paused FROM reminders r "
+            "LEFT JOIN chats c ON c.address = r.address WHERE r.state = 'active' ORDER BY r.next_at").fetchall()
         conn.execute("COMMIT")
     finally:
         conn.close()
@@ -662,7 +691,19 @@ def read_status(path: Path, *, now: float | None = None) -> dict[str, Any]:
             "oldest_pending_reply_s": age(box["oldest_pending"]) if box is not None else None,
             "last_error": errors[-1] if errors else None, "errors": errors,
         })
+    def reminder(r: sqlite3.Row) -> dict[str, Any]:
+        text = " ".join(str(r["text"]).split())
+        return {"id": r["id"], "address": r["address"], "text": text if len(text) <= 60 else text[:59] + "…",
+                "next_at": r["next_at"], "due_for_s": age(r["next_at"]) if r["next_at"] is not None else None}
+
+    upcoming = [r["next_at"] for r in reminders if not r["paused"] and r["next_at"] is not None]
     return {
+        "reminders": {
+            "active": len(reminders), "next_at": min(upcoming) if upcoming else None,
+            "due": [reminder(r) for r in reminders if not r["paused"] and r["next_at"] is not None
+                    and r["next_at"] <= now],
+            "paused": [reminder(r) for r in reminders if r["paused"]],
+        },
         "database": str(path), "at": now, "chats_known": len(chats),
         "busy_chats": sum(r["status"] == "busy" for r in rows),
         "queued": sum(r["queued"] for r in rows), "replies_pending": sum(r["replies_pending"] for r in rows),

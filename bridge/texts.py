@@ -201,6 +201,23 @@ _TEXTS: dict[str, dict[Lang, str]] = {
     "status_idle": {"en": "free", "ru": "свободен"},
     "status_busy": {"en": "answering (for {seconds} s)", "ru": "отвечаю (уже {seconds} с)"},
     "status_unknown": {"en": "unknown", "ru": "неизвестно"},
+    # The assistant writes first (W1-W9)
+    "pushed_failed": {
+        "en": "⚠️ I could not carry out “{what}” ({reason}); it will not be retried.",
+        "ru": "⚠️ Не получилось выполнить «{what}» ({reason}); повтора не будет.",
+    },
+    "pushed_lost_reason": {"en": "the assistant's session was lost", "ru": "сессия ассистента потеряна"},
+    "cmd_reminders": {"en": "Reminders in this chat", "ru": "Напоминания в этом чате"},
+    "reminders_none": {"en": "No reminders in this chat.", "ru": "В этом чате нет напоминаний."},
+    "reminders_header": {"en": "Reminders in this chat ({n}); a button cancels one:",
+                         "ru": "Напоминания в этом чате ({n}); кнопка отменяет:"},
+    "reminders_owner_only": {"en": "Only the owner can see the reminders.",
+                             "ru": "Напоминания видит только владелец."},
+    "reminders_paused": {"en": "paused: the chat is blocked or gone", "ru": "на паузе: чат заблокирован или удалён"},
+    "reminders_next": {"en": "next {at}", "ru": "следующее {at}"},
+    "reminders_cancel": {"en": "✖ {what}", "ru": "✖ {what}"},
+    "reminder_cancelled": {"en": "Reminder cancelled.", "ru": "Напоминание отменено."},
+    "reminder_gone": {"en": "This reminder is already gone.", "ru": "Этого напоминания уже нет."},
 }
 
 

@@ -33,6 +33,8 @@ from bridge.commands import Commands
 from bridge.config import Settings
 from bridge.ingest import Ingest
 from bridge.notebook import Notebook, Rebuilder
+from bridge.push.reminders import Reminders
+from bridge.push.turns import Pushes
 from bridge.sender import Sender
 from bridge.store import Chat, Store
 from diskqueue import Database, DiskQueue, State
@@ -123,6 +125,13 @@ class Harness:
         self._closing: list[asyncio.Task[Any]] = []  # aiogram's close waits 250 ms: not in the way
         self.starts = 0
         self.ingest: asyncio.Task[Any] | None = None
+        # W1-W9: pushed turns and reminders; the reminders read this wall clock (a test moves it)
+        # and fire when the test calls ``reminders.fire_due()``, or on their own loop when
+        # ``reminders_loop`` is set before start.
+        self.wall: Callable[[], float] = time.time
+        self.reminders_loop = False
+        self.pushes: Pushes | None = None
+        self.reminders: Reminders | None = None
 
     @property
     def s(self) -> Services:
@@ -155,11 +164,16 @@ class Harness:
                                        sender=sender, spawn=self.spawn, notebook=notebook, rebuilder=rebuilder)
         await self.services.transitions.repair_at_start()
         self.scheduler = Scheduler(self.services)
+        self.pushes = Pushes(db, queue, store, wake=self.scheduler.wake, flush=self.services.outbox.flush,
+                             spawn=self.spawn)
+        self.reminders = Reminders(db, store, self.pushes, default_tz=self.settings.tz, clock=lambda: self.wall())
         me = await bot.get_me()
         ingest = Ingest(services=self.services, me=me, scheduler=self.scheduler,
-                        commands=Commands(self.services, self.scheduler))
+                        commands=Commands(self.services, self.scheduler, self.reminders))
         self.ingest = self.spawn(ingest.run())
         await self.scheduler.recover()
+        if self.reminders_loop:
+            self.spawn(self.reminders.run(look_every=0.2))
 
     async def crash(self) -> None:
         """Everything stops where it is; nothing is flushed or said (the store closes without a

@@ -66,7 +66,9 @@ async def test_a_saved_note_is_in_the_database_and_in_the_next_owner_turn(tg, fa
                      '"body": "milk, eggs"}]]', user_id=OWNER)
     await tg.wait_texts(1, timeout=30)
     result = fake_eve.mcp_results[0]
-    assert result["listed"] == ["chat_note_save", "chat_note_delete", "chat_note_pin", "chat_note_unpin"]
+    # The notebook's tools (no read tool in inline mode), then the reminder tools on the same connection (W9).
+    assert result["listed"] == ["chat_note_save", "chat_note_delete", "chat_note_pin", "chat_note_unpin",
+                                "chat_reminder_set", "chat_reminder_list", "chat_reminder_cancel"]
     assert not result["is_error"] and json.loads(result["output"])["saved"] == "shop"
     assert notes_in_db(nb_daemon, str(OWNER))["shop"]["body"] == "milk, eggs"
     await idle(tg, nb_daemon)

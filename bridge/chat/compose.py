@@ -34,7 +34,7 @@ import eve_client as eve
 
 from .. import log
 from ..metrics import METRICS
-from ..payloads import Attachment, Queued, QueuedMessage, Reply, Spoken
+from ..payloads import Attachment, PushedTurn, Queued, QueuedMessage, Reply, Spoken
 from .transcribe import TranscribeFailed, Transcriber
 
 __all__ = ["CORRECTION", "Composed", "compose", "framed"]
@@ -64,6 +64,9 @@ async def compose(bot: Bot, items: Sequence[Queued], *, max_file_mb: int,
     unheard: list[QueuedMessage] = []
     albums: set[str] = set()
     for item in items:
+        if isinstance(item, PushedTurn):
+            texts.append(item.text)  # W1: who pushed it is in the clientContext, not in the words
+            continue
         if not isinstance(item, QueuedMessage):
             continue
         text = f"{CORRECTION} {item.text}".rstrip() if item.correction else item.text

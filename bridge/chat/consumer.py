@@ -27,6 +27,7 @@ import eve_client as eve
 from .. import backoff, log
 from ..metrics import METRICS
 from ..payloads import InputAnswer, Kind, PromptButton, QueuedMessage, decode
+from ..push import turns as pushed
 from ..sender import Typing
 from ..store import Chat, CompactPhase
 from ..texts import number, t
@@ -361,7 +362,8 @@ class BusyPeriod:
                 METRICS.turns.labels(outcome="failed").inc()
                 await self._end_draft()
                 async with s.store.db.transaction():
-                    await s.outbox.say(chat, f"failed:{event.id}", t("turn_failed", chat.lang, reason=event.code or "error"))
+                    await s.outbox.say(chat, f"failed:{event.id}", await pushed.turn_failed(s.queue, chat, event.code or "error")
+                                       or t("turn_failed", chat.lang, reason=event.code or "error"))  # W4
                     await tr.advance(self.address, claim, self.cursor)
                     await self._commit_spend()
                 await s.outbox.flush(self.address)
@@ -497,8 +499,8 @@ class BusyPeriod:
                 # watch: the worker takes it from here; eve's compaction events then show up in
                 # that consumer's stream.
                 return chat.busy or bool(await self.s.queue.depth(self.address))
-            if self.s.settings.turn_policy == "immediate" and await self.s.queue.depth(self.address):
-                await c.interrupt()  # C4
+            if self.s.settings.turn_policy == "immediate" and await pushed.person_depth(self.s.store.db, self.address):
+                await c.interrupt()  # C4 (a pushed turn waits for the compaction instead)
             return False
         if self.stopping:
             return False  # what arrives after a stop waits for the next turn, never joins this one
@@ -603,6 +605,7 @@ class BusyPeriod:
             return False
         limit = s.settings.batch_size
         claimed = await s.queue.claim(self.address, limit=limit + albums.LOOKAHEAD, claim=steer)
+        claimed = await pushed.unsteered(s.queue, claimed, claim=steer)  # W1: never steered into a turn
         if not claimed:
             return False
         # An album steers whole, once settled (I3): a part arriving alone waits for the rest.

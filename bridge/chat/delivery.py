@@ -12,6 +12,7 @@ import eve_client as eve
 
 from .. import log
 from ..payloads import Queued, QueuedMessage, decode
+from ..push import turns as pushed
 from .compose import Composed, compose
 from .endings import say_unheard
 from .services import Services
@@ -59,6 +60,7 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
         for attempt in (1, 2):
             session = await _ensure_session(s, address, claim)
             context, marks = await _state_block(s, address, policy)
+            context, told = await pushed.context(s.store.db, address, items, context, steer=policy == "steer")
             try:
                 delivery = await s.eve.send(session, composed.message, turn_policy=policy, client_context=context)
             except GONE as exc:
@@ -70,6 +72,7 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
             # The one-shot marks (N6) once the block is with eve: a crash before this shows it again.
             await s.transitions.delivered(address, claim, delivery.delivery_id, marks, steered=steered,
                                           steer_claim=steer_claim)
+            await pushed.told(s.store.db, address, told)  # W5: eve has heard of them
             return delivery
     raise AssertionError("unreachable")
 

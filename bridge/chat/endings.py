@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from .. import log
 from ..metrics import METRICS
 from ..payloads import Kind, Origin, QueuedMessage, decode
+from ..push.turns import failed_line
 from ..texts import t
 from .services import Services
 
@@ -27,7 +28,10 @@ async def lose(s: Services, address: str, claim: str | None, reason: str, *, ans
     async with s.store.db.transaction():
         chat, inflight = await s.transitions.lose(address, claim)
         replied = [m for m in map(decode, (m.payload for m in inflight)) if isinstance(m, QueuedMessage)]
-        if chat.kind is Kind.TURN and inflight:
+        line = None if answered else await failed_line(s.queue, chat, inflight, t("pushed_lost_reason", chat.lang))
+        if line is not None:
+            await s.outbox.say(chat, f"lost:{chat.claim}", line)
+        elif chat.kind is Kind.TURN and inflight:
             await s.outbox.say(chat, f"lost:{chat.claim}",
                                t("session_lost_after_answer" if answered else "session_lost", chat.lang),
                                reply_to=replied[-1].message_id if replied else None)
@@ -47,7 +51,8 @@ async def fail_turn(s: Services, address: str, claim: str, reason: str) -> None:
     async with s.store.db.transaction():
         chat, inflight = await s.transitions.fail_turn(address, claim)
         replied = [m for m in map(decode, (m.payload for m in inflight)) if isinstance(m, QueuedMessage)]
-        await s.outbox.say(chat, f"failed:{chat.claim}", t("turn_failed", chat.lang, reason=reason),
+        line = await failed_line(s.queue, chat, inflight, reason)
+        await s.outbox.say(chat, f"failed:{chat.claim}", line or t("turn_failed", chat.lang, reason=reason),
                            reply_to=replied[-1].message_id if replied else None)
     METRICS.turns.labels(outcome="failed").inc()
     await s.outbox.flush(address)

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from diskqueue import DiskQueue, Message, State
 
-from ..payloads import InputAnswer, Kind, Origin, QueuedMessage, decode
+from ..payloads import InputAnswer, Kind, Origin, PushedTurn, QueuedMessage, decode
+from ..push import turns as pushed
 from ..store import CancelMark, Chat, ChatStatus, CompactPhase, Store
 from . import albums, draftids, parking
 
@@ -221,10 +222,13 @@ class Transitions:
             if stale:
                 # A button pressed after its turn ended: nothing waits for it any more.
                 await self.queue.ack([m.id for m in stale], claim=claim)
-                kept = [(m, i) for m, i in zip(messages, items, strict=True) if isinstance(i, QueuedMessage)]
+                kept = [(m, i) for m, i in zip(messages, items, strict=True) if not isinstance(i, InputAnswer)]
                 messages, items = [m for m, _ in kept], [i for _, i in kept]
             if not messages:
                 return None
+            if (alone := pushed.alone(items)) < len(messages):  # W1: a pushed turn is a turn of its own
+                await self.queue.nack([m.id for m in messages[alone:]], claim=claim)
+                messages, items = messages[:alone], items[:alone]
             taken = albums.cut(messages, items, await self.queue.queued(address), limit=limit, now=self.clock(),
                                started=self.album_clock())
             if taken.take < len(messages):
@@ -244,7 +248,7 @@ class Transitions:
                     await self.queue.nack([m.id for m in messages[cut:]], claim=claim)
                     messages, items = messages[:cut], items[:cut]
             first = items[0]
-            owner = isinstance(first, QueuedMessage) and first.owner
+            owner = isinstance(first, QueuedMessage | PushedTurn) and first.owner
             fields: dict[str, Any] = {"owner_turn": owner}
             if self.notebook is not None:
                 # N1: the notebook rides only in the owner's turns, so a turn is one kind or the

@@ -55,6 +55,11 @@ class OwnerApi:
         r.add_delete("/v1/chats/{chat}/notes/{name}", self._guard(self.delete_note))
         r.add_get("/v1/chats/{chat}/spend", self._guard(self.spend, notes=False))
 
+    def guard(self, handler: Handler) -> Guarded:
+        """``handler`` behind this API's checks (origin, token, JSON, a chat Iva knows), for the
+        routes of other modules (bridge/push); the notebook need not be on."""
+        return self._guard(handler, notes=False)
+
     def _guard(self, handler: Handler, *, notes: bool = True) -> Guarded:
         async def guarded(request: web.Request) -> web.StreamResponse:
             if (origin := browser_origin(request)) is not None:

@@ -33,6 +33,9 @@ from aiohttp import web
 
 from .. import log
 from ..http import bearer_matches, browser_origin, not_json
+from ..push.reminders import Reminders
+from ..push.tools import REMINDER_TOOLS, run_tool
+from ..push.turns import PushError
 from ..store import Chat, Store
 from .rules import INDEX, NoteError
 from .service import Notebook
@@ -94,10 +97,15 @@ class _Unknown(Exception):
 
 
 class McpServer:
-    def __init__(self, notebook: Notebook, store: Store, *, token: str | None = None) -> None:
+    def __init__(self, notebook: Notebook, store: Store, *, token: str | None = None,
+                 reminders: Reminders | None = None) -> None:
         self.notebook = notebook
         self.store = store
         self.token = token
+        self.reminders = reminders  # W9: the reminder tools ride on this connection, behind the same gate
+        self.tools = dict(TOOLS)
+        if reminders is not None:
+            self.tools.update(REMINDER_TOOLS)
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/mcp", self.post)
@@ -198,16 +206,15 @@ class McpServer:
             return None
         return chat
 
-    @staticmethod
-    def _available(chat: Chat) -> list[str]:
-        names = list(TOOLS)
+    def _available(self, chat: Chat) -> list[str]:
+        names = list(self.tools)
         if chat.notes_mode != INDEX:
             names.remove("chat_note_read")  # N2/N3: in inline mode the read tool does not exist at all
         return names
 
     async def _listed(self, session: str) -> list[dict[str, Any]]:
         chat = await self._owner_chat(session)
-        return [] if chat is None else [TOOLS[n] for n in self._available(chat)]
+        return [] if chat is None else [self.tools[n] for n in self._available(chat)]
 
     async def _call(self, msg_id: Any, params: dict[str, Any], session: str) -> dict[str, Any]:
         name = params.get("name")
@@ -225,14 +232,22 @@ class McpServer:
             return _tool_error(msg_id, "This call does not belong to one conversation; refused.")
         session = provided or session
         chat = await self._owner_chat(session)
-        if name not in TOOLS or (chat is not None and name not in self._available(chat)):
+        if name not in self.tools or (chat is not None and name not in self._available(chat)):
             return _error(msg_id, _INVALID_PARAMS, f"Unknown tool: {name}")
         if chat is None:
             logger.info("mcp_call_refused", tool=name, session=session or None)
-            return _tool_error(msg_id, "The notebook is available only in the owner's own turns of a chat; "
+            what = "Reminders are" if name.startswith("chat_reminder_") else "The notebook is"
+            return _tool_error(msg_id, f"{what} available only in the owner's own turns of a chat; "
                                        "nothing was written.")
         try:
-            payload = await self._run(chat, name, args)
+            if name.startswith("chat_reminder_") and self.reminders is not None:
+                try:
+                    payload = await run_tool(self.reminders, chat, name, args)
+                except PushError as exc:
+                    logger.info("mcp_call_rejected", tool=name, field=exc.field, reason=str(exc))
+                    return _tool_error(msg_id, f"{exc.field}: {exc}")
+            else:
+                payload = await self._run(chat, name, args)
         except NoteError as exc:
             logger.info("mcp_call_rejected", tool=name, reason=str(exc))
             return _tool_error(msg_id, str(exc))

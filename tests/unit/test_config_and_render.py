@@ -76,3 +76,12 @@ def test_all_is_complete_and_sorted(module):
     public &= {n for n in dir(module) if not n.startswith("_")}
     assert sorted(module.__all__) == list(module.__all__)
     assert public <= set(module.__all__)
+
+
+def test_iva_tz_is_an_iana_zone_utc_by_default():
+    """W7: the zone a reminder's cron reads in when it names none."""
+    assert Settings.from_env(GOOD).tz == "UTC"
+    assert Settings.from_env({**GOOD, "IVA_TZ": "Europe/Berlin"}).tz == "Europe/Berlin"
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({**GOOD, "IVA_TZ": "Mars/Olympus_Mons"})
+    assert caught.value.problems == ["IVA_TZ='Mars/Olympus_Mons' is not an IANA time zone, e.g. Europe/Berlin or UTC"]

@@ -117,3 +117,51 @@ def test_status_on_a_database_not_migrated_yet_says_one_line(tmp_path: Path, cap
     err = capsys.readouterr().err
     assert "schema 1, older than this Iva's" in err and "start the bridge once" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+async def test_status_lists_due_and_paused_reminders(tmp_path: Path):
+    """W7: a reminder due and not fired (the daemon is not running) and one paused by a blocked
+    chat are listed, with the count and the next instant; an upcoming one is only counted."""
+    from bridge.push.reminders import Reminders
+    from bridge.push.turns import Pushes
+
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    opened = await open_state(state_dir / "iva.sqlite3")
+    now = [time.time()]
+    try:
+        for address in (BUSY, BLOCKED):
+            await opened.store.touch_chat(address, int(address), None, "en")
+        pushes = Pushes(opened.db, opened.queue, opened.store, wake=lambda _: None, flush=_nothing,
+                        spawn=lambda _: None)
+        reminders = Reminders(opened.db, opened.store, pushes, clock=lambda: now[0])
+        due = await reminders.set(BUSY, "water the plants", at=_iso(now[0] + 60))
+        await reminders.set(BUSY, "much later", at=_iso(now[0] + 86_400))
+        paused = await reminders.set(BLOCKED, "call mum", cron="0 9 * * *")
+        await opened.store.block_chat(int(BLOCKED), "Forbidden: bot was blocked by the user")
+    finally:
+        await opened.db.close()
+    _, text = _run("--state", str(state_dir))
+    assert "reminders: 3 active" in text and "0 due" in text and "1 paused" in text
+    assert f"paused {paused.id}  chat {BLOCKED}" in text and "call mum" in text
+    # Later, with the daemon down: the first is due and not fired.
+    db = state_dir / "iva.sqlite3"
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE reminders SET next_at = ? WHERE id = ?", (time.time() - 300, due.id))
+    conn.commit()
+    conn.close()
+    code, text = _run("--state", str(state_dir))
+    assert code == 0 and "1 due" in text and f"due    {due.id}  chat {BUSY}  for 5m" in text
+    code, out = _run("--state", str(state_dir), "--json")
+    snapshot = json.loads(out)["reminders"]
+    assert [r["id"] for r in snapshot["due"]] == [due.id] and [r["id"] for r in snapshot["paused"]] == [paused.id]
+
+
+async def _nothing(_: str) -> None:
+    return None
+
+
+def _iso(at: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(at, UTC).isoformat()

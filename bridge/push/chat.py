@@ -1,0 +1,79 @@
+"""``/reminders`` in the chat (W8): the owner sees the chat's reminders, each with a button that
+cancels it; anyone else is told that only the owner can. Both languages (bridge/texts.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiogram.types import CallbackQuery, Message
+
+from .. import log
+from ..addressing import Address
+from ..chat.services import Services
+from ..texts import t
+from .reminders import Reminder, Reminders
+
+__all__ = ["PREFIX", "button", "pressed", "reminders_command", "reminders_text"]
+
+logger = log.get("bridge.push.chat")
+
+PREFIX = "rm:"  # a cancel button's callback data: rm:<reminder id>
+
+
+def button(data: str | None) -> str | None:
+    """The reminder id of one of our cancel buttons, or None for any other callback data."""
+    if not data or not data.startswith(PREFIX) or len(data) > 64:
+        return None
+    return data[len(PREFIX):] or None
+
+
+def _short(text: str, limit: int) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= limit else one[: limit - 1] + "…"
+
+
+def _line(r: Reminder, lang: str) -> str:
+    when = f"{r.at}" if r.at is not None else f"{r.cron} ({r.tz})"
+    state = t("reminders_paused", lang) if r.paused else t("reminders_next", lang, at=r.as_record()["next_at"])
+    return f"• {_short(r.text, 80)} — {when} — {state}"
+
+
+def reminders_text(reminders: list[Reminder], lang: str) -> tuple[str, list[list[dict[str, Any]]] | None]:
+    """The list and its cancel buttons (one a row)."""
+    if not reminders:
+        return t("reminders_none", lang), None
+    lines = [t("reminders_header", lang, n=len(reminders)), *(_line(r, lang) for r in reminders)]
+    rows = [[{"text": t("reminders_cancel", lang, what=_short(r.text, 40)), "callback_data": f"{PREFIX}{r.id}"}]
+            for r in reminders]
+    return "\n".join(lines), rows
+
+
+async def reminders_command(s: Services, reminders: Reminders, message: Message, address: Address, lang: str,
+                            key: str) -> str:
+    addr = str(address)
+    owner = message.from_user is not None and message.from_user.id in s.settings.owner_ids
+    if owner:
+        text, rows = reminders_text(await reminders.active(addr), lang)
+    else:
+        text, rows = t("reminders_owner_only", lang), None
+    async with s.store.db.transaction():
+        # The answer is on disk with the mark that says the update was handled.
+        if not await s.queue.remember(addr, {"kind": "command", "command": "reminders"}, dedupe_key=key):
+            return "duplicate"
+        await s.store.put_outgoing(addr, f"re:{key}", address.chat_id, address.thread_id, text, format="plain",
+                                   reply_to=message.message_id, markup=rows)
+    s.spawn(s.outbox.flush(addr))
+    return "command"
+
+
+async def pressed(s: Services, reminders: Reminders, query: CallbackQuery, reminder_id: str, lang: str) -> str:
+    """A cancel button: only an owner may, only in the reminder's own chat. The note to show."""
+    if query.from_user.id not in s.settings.owner_ids:
+        return t("reminders_owner_only", lang)
+    where = query.message.chat.id if query.message is not None else None
+    thread = getattr(query.message, "message_thread_id", None) if query.message is not None else None
+    for address in (Address(where, thread) if where is not None else None, Address(where) if where else None):
+        if address is not None and await reminders.cancel(str(address), reminder_id):
+            logger.info("reminder_cancelled_by_button", reminder=reminder_id)
+            return t("reminder_cancelled", lang)
+    return t("reminder_gone", lang)

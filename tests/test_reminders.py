@@ -1,0 +1,434 @@
+"""Reminders (issue 21, W7-W9) in process: a reminder falls due as a pushed turn of its chat, on an
+injected wall clock (no real waiting: the test moves the clock and asks the reminders to fire
+what is due); set by the owner API, by the assistant's MCP tools in owner turns, and listed and
+cancelled by /reminders."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bridge.app import notebook_config
+from bridge.http import Listener
+from bridge.notebook import McpServer, Notebook, OwnerApi
+from bridge.push.api import PushApi
+from bridge.push.reminders import MAX_PER_CHAT, Reminders
+from bridge.push.turns import PushError
+from tests.fakes.eve import FakeEve
+from tests.fakes.telegram import FakeTelegram
+from tests.harness import FRIEND, OWNER, Harness
+
+A = str(OWNER)
+API_TOKEN = "owner-api-token-0123456789"
+T0 = datetime(2026, 12, 2, 8, 0, tzinfo=UTC).timestamp()  # a Wednesday, 08:00 UTC
+
+
+class Clock:
+    """The wall clock a test moves (steps forward and back like an NTP step or an operator's date)."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def utc(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat()
+
+
+def fired(h: Harness) -> list[sqlite3.Row]:
+    """The pushed turns reminders made, in order."""
+    return h.observe("SELECT id, payload, state FROM diskqueue_messages WHERE json_extract(payload, '$.source') "
+                     "= 'reminder' ORDER BY id")
+
+
+def pushed_contexts(fake: FakeEve) -> list[str]:
+    return [str(b.get("clientContext")) for s in fake.sessions.values() for b in s.sends
+            if "[pushed turn]" in str(b.get("clientContext") or "")]
+
+
+@pytest.fixture
+async def clocked(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncIterator[tuple[Harness, Clock]]:
+    clock = Clock()
+    h = Harness(tmp_path / "state", tg, fake_eve)
+    h.wall = clock
+    await h.start()
+    await tg.message("hello", user_id=OWNER)
+    await h.settled()
+    try:
+        yield h, clock
+    finally:
+        await h.stop()
+
+
+def reminders(h: Harness) -> Reminders:
+    assert h.reminders is not None
+    return h.reminders
+
+
+async def test_a_reminder_falls_due_as_a_pushed_turn_once(clocked: tuple[Harness, Clock], tg: FakeTelegram,
+                                                          fake_eve: FakeEve):
+    h, clock = clocked
+    r = await reminders(h).set(A, "tell me to stretch", at=utc(T0 + 120))
+    assert r.next_at == T0 + 120
+    assert await reminders(h).fire_due() == []
+    clock.now = T0 + 121
+    assert await reminders(h).fire_due() == [A]
+    await h.settled()
+    assert tg.texts(OWNER) == ["echo: hello", "echo: tell me to stretch"]
+    [context] = pushed_contexts(fake_eve)
+    assert f"reminder {r.id}" in context and "late" not in context
+    assert await reminders(h).fire_due() == []
+    assert await reminders(h).active(A) == []
+    assert len(fired(h)) == 1
+
+
+async def test_a_reminder_due_while_iva_was_down_fires_once_at_start_marked_late(
+        clocked: tuple[Harness, Clock], tg: FakeTelegram, fake_eve: FakeEve):
+    h, clock = clocked
+    await reminders(h).set(A, "water the plants", at=utc(T0 + 60))
+    await reminders(h).set(A, "hourly check", cron="0 * * * *")
+    await h.stop()
+    clock.now = T0 + 5 * 3600 + 30  # down for five hours: five hourly instants missed
+    await h.start()
+    await reminders(h).fire_due()
+    await h.settled()
+    rows = fired(h)
+    assert sorted(json.loads(r["payload"])["text"] for r in rows) == ["hourly check", "water the plants"]
+    assert all(json.loads(r["payload"])["late"] for r in rows)
+    assert all("It is late" in c for c in pushed_contexts(fake_eve))
+    assert sorted(tg.texts(OWNER)[1:]) == ["echo: hourly check", "echo: water the plants"]
+    [hourly] = await reminders(h).active(A)
+    assert hourly.next_at == T0 + 6 * 3600  # the next after now, not the missed ones
+    await h.stop()
+    await h.start()
+    assert await reminders(h).fire_due() == []  # a restart fires nothing again
+    assert len(fired(h)) == 2
+
+
+async def test_a_clock_stepped_forward_gives_one_catch_up_and_back_never_fires_twice(
+        clocked: tuple[Harness, Clock], tg: FakeTelegram):
+    h, clock = clocked
+    r = await reminders(h).set(A, "every minute", cron="* * * * *")
+    assert r.next_at == T0 + 60
+    clock.now = T0 + 60
+    await reminders(h).fire_due()
+    assert len(fired(h)) == 1
+    clock.now = T0 + 3 * 3600 + 5  # stepped three hours forward: 180 minutes passed at once
+    await reminders(h).fire_due()
+    await reminders(h).fire_due()
+    assert len(fired(h)) == 2  # one catch-up, not 180
+    [now] = await reminders(h).active(A)
+    # The catch-up is the first missed instant (marked late); the next is the first after now.
+    assert now.last_fired == T0 + 120 and now.next_at == T0 + 3 * 3600 + 60
+    assert json.loads(fired(h)[-1]["payload"])["late"] is True
+    clock.now = T0 + 90  # stepped back to before both fires
+    assert await reminders(h).fire_due() == []
+    clock.now = T0 + 3 * 3600 + 30
+    assert await reminders(h).fire_due() == []
+    assert len(fired(h)) == 2
+    await h.settled()
+    keys = [h.observe("SELECT dedupe_key FROM diskqueue_messages WHERE id = ?", (r["id"],))[0][0] for r in fired(h)]
+    assert len(set(keys)) == 2 and all(k.startswith(f"push:{A}:reminder:{now.id}:") for k in keys)
+
+
+async def test_a_daily_reminder_stepped_back_over_its_instant_does_not_fire_again(clocked: tuple[Harness, Clock]):
+    h, clock = clocked
+    r = await reminders(h).set(A, "standup", cron="0 10 * * *", tz="Europe/Berlin")  # 09:00 UTC in winter
+    assert r.next_at == T0 + 3600
+    clock.now = T0 + 3600 + 5
+    await reminders(h).fire_due()
+    clock.now = T0 + 3600 - 600  # ten minutes back, before 10:00 Berlin again
+    clock.now += 700
+    assert await reminders(h).fire_due() == []
+    assert len(fired(h)) == 1
+    [after] = await reminders(h).active(A)
+    assert after.next_at == T0 + 3600 + 86400
+
+
+async def test_cron_reads_in_its_zone_across_a_dst_change(clocked: tuple[Harness, Clock]):
+    h, clock = clocked
+    clock.now = datetime(2026, 3, 28, 12, 0, tzinfo=UTC).timestamp()  # the day before Berlin springs forward
+    r = await reminders(h).set(A, "morning", cron="0 9 * * *", tz="Europe/Berlin")
+    assert utc(r.next_at or 0) == "2026-03-29T07:00:00+00:00"  # 09:00 CEST (UTC+2) on the 29th
+    clock.now = datetime(2026, 3, 27, 12, 0, tzinfo=UTC).timestamp()
+    r2 = await reminders(h).set(A, "morning", cron="0 9 * * *", tz="Europe/Berlin")
+    assert utc(r2.next_at or 0) == "2026-03-28T08:00:00+00:00"  # 09:00 CET (UTC+1) on the 28th
+
+
+async def test_a_blocked_chat_pauses_its_reminders_and_a_new_message_resumes_them(
+        clocked: tuple[Harness, Clock], tg: FakeTelegram):
+    h, clock = clocked
+    await reminders(h).set(A, "ping", at=utc(T0 + 60))
+    await h.s.transitions.mark_blocked(A, "Forbidden: bot was blocked by the user")
+    clock.now = T0 + 120
+    assert await reminders(h).fire_due() == []
+    [paused] = await reminders(h).active(A)
+    assert paused.paused and paused.as_record()["paused"] is True
+    await tg.message("I'm back", user_id=OWNER)
+    await h.settled()
+    assert await reminders(h).fire_due() == [A]
+    await h.settled()
+    assert tg.texts(OWNER)[-1] == "echo: ping"
+
+
+async def test_limits_and_bad_input_are_errors_naming_the_field(clocked: tuple[Harness, Clock]):
+    h, _clock = clocked
+    rm = reminders(h)
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"text": "", "at": utc(T0 + 60)}, "text"), ({"text": None, "at": utc(T0 + 60)}, "text"),
+        ({"text": "x" * 2001, "at": utc(T0 + 60)}, "text"),
+        ({"text": "x"}, "at"), ({"text": "x", "at": utc(T0 + 60), "cron": "* * * * *"}, "cron"),
+        ({"text": "x", "at": "tomorrow"}, "at"), ({"text": "x", "at": "2026-12-24T09:00:00"}, "at"),
+        ({"text": "x", "at": utc(T0 - 1)}, "at"), ({"text": "x", "at": 5}, "at"),
+        ({"text": "x", "cron": "* * * *"}, "cron"), ({"text": "x", "cron": "0 0 * * * *"}, "cron"),
+        ({"text": "x", "cron": "61 * * * *"}, "cron"), ({"text": "x", "cron": "@daily"}, "cron"),
+        ({"text": "x", "cron": 5}, "cron"), ({"text": "x", "cron": "* * * * *", "tz": "Mars/Olympus"}, "tz"),
+        ({"text": "x", "cron": "* * * * *", "tz": ""}, "tz"), ({"text": "x", "cron": "* * * * *", "tz": 3}, "tz"),
+    ]
+    for args, field in bad:
+        with pytest.raises(PushError) as err:
+            await rm.set(A, args.pop("text"), **args)
+        assert err.value.field == field, (args, field, err.value.field, str(err.value))
+    with pytest.raises(PushError) as err:
+        await rm.set("999", "x", cron="* * * * *")
+    assert err.value.status == 404
+    for i in range(MAX_PER_CHAT):
+        await rm.set(A, f"r{i}", cron="0 9 * * *")
+    with pytest.raises(PushError) as err:
+        await rm.set(A, "one too many", cron="0 9 * * *")
+    assert err.value.status == 422 and "100" in str(err.value)
+    assert len(await rm.active(A)) == MAX_PER_CHAT
+
+
+async def test_a_kill_at_every_statement_of_a_reminder_fire_fires_it_once(tmp_path: Path, tg: FakeTelegram,
+                                                                           fake_eve: FakeEve):
+    """The fire commits the pushed turn with the reminder's next instant: killed before any of its
+    statements and restarted (the image a SIGKILL leaves), the reminder fires exactly once."""
+    clock = Clock()
+    h = Harness(tmp_path / "state", tg, fake_eve)
+    h.wall = clock
+    await h.start()
+    try:
+        await tg.message("hello", user_id=OWNER)
+        await h.settled()
+        for k in range(1, 60):
+            clock.now = T0 + k * 1000
+            r = await reminders(h).set(A, f"fire {k}", at=utc(clock.now + 30))
+            clock.now += 31
+            assert h.db is not None
+            db, image = h.db, tmp_path / f"k{k}"
+            db.kill_at, db.image = db.statements + k, image
+            try:
+                await reminders(h).fire_due()
+            except sqlite3.OperationalError:
+                pass
+            if not db.killed.is_set():
+                db.kill_at = None
+                await h.settled()
+                assert [json.loads(r["payload"])["text"] for r in fired(h)].count(f"fire {k}") == 1
+                assert k > 3
+                return
+            await h.restart_from(image)
+            await reminders(h).fire_due()
+            await h.settled()
+            texts = [json.loads(row["payload"])["text"] for row in fired(h)]
+            assert texts.count(f"fire {k}") == 1, (k, texts)
+            assert tg.texts(OWNER).count(f"echo: fire {k}") == 1, (k, tg.texts(OWNER))
+            assert await reminders(h).get(A, r.id) is not None
+        raise AssertionError("more statements than the sweep tried")
+    finally:
+        await h.stop()
+
+
+# -- the owner API and /reminders --------------------------------------------------------------
+
+@pytest.fixture
+async def api(clocked: tuple[Harness, Clock]) -> AsyncIterator[tuple[Harness, Clock, httpx.AsyncClient]]:
+    h, clock = clocked
+    assert h.db is not None and h.pushes is not None
+    owner = OwnerApi(API_TOKEN, Notebook(h.db, h.s.store, notebook_config(h.settings)), h.s.store)
+    listener = Listener("127.0.0.1:0", store=h.s.store, queue=h.s.queue, ingest=None,  # type: ignore[arg-type]
+                        routes=[PushApi(owner.guard, h.pushes, reminders(h)).routes])
+    await listener.start()
+    assert listener._runner is not None
+    port = listener._runner.addresses[0][1]
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
+                                     headers={"authorization": f"Bearer {API_TOKEN}"}) as client:
+            yield h, clock, client
+    finally:
+        await listener.stop()
+
+
+async def test_the_owner_api_sets_lists_and_cancels_reminders(api: tuple[Harness, Clock, httpx.AsyncClient]):
+    _h, _clock, client = api
+    r = await client.post(f"/v1/chats/{A}/reminders", json={"text": "brief", "cron": "30 7 * * 1-5",
+                                                            "tz": "Europe/Berlin"})
+    assert r.status_code == 201, r.text
+    made = r.json()
+    assert made["next_at"] == "2026-12-03T06:30:00+00:00"
+    r = await client.post(f"/v1/chats/{A}/reminders", json={"text": "once", "at": "2026-12-02T10:00:00+01:00"})
+    assert r.status_code == 201 and r.json()["next_at"] == "2026-12-02T09:00:00+00:00"
+    listed = (await client.get(f"/v1/chats/{A}/reminders")).json()["reminders"]
+    assert [(x["text"], x.get("cron"), x.get("at"), x["tz"]) for x in listed] == [
+        ("once", None, "2026-12-02T10:00:00+01:00", "UTC"), ("brief", "30 7 * * 1-5", None, "Europe/Berlin")]
+    assert (await client.delete(f"/v1/chats/{A}/reminders/{made['id']}")).status_code == 200
+    assert (await client.delete(f"/v1/chats/{A}/reminders/{made['id']}")).status_code == 404
+    assert len((await client.get(f"/v1/chats/{A}/reminders")).json()["reminders"]) == 1
+    for body, field in [({"text": "x", "cron": "bad"}, "cron"), ({"text": "x", "at": "2020-01-01T00:00:00Z"}, "at"),
+                        ({"text": "x", "cron": "* * * * *", "tz": "Nowhere/City"}, "tz"), ({"cron": "* * * * *"}, "text"),
+                        ({"text": "x", "cron": "* * * * *", "every": "day"}, "every")]:
+        r = await client.post(f"/v1/chats/{A}/reminders", json=body)
+        assert r.status_code == 400 and r.json()["field"] == field, (body, r.text)
+    assert (await client.get("/v1/chats/31337/reminders")).status_code == 404
+
+
+async def test_reminders_command_lists_them_with_a_cancel_button_each_for_the_owner(
+        clocked: tuple[Harness, Clock], tg: FakeTelegram):
+    h, _clock = clocked
+    await reminders(h).set(A, "water the plants", cron="0 8 * * *")
+    await reminders(h).set(A, "call mum", at=utc(T0 + 3600))
+    await tg.message("/reminders", user_id=OWNER)
+    await h.settled()
+    listing = tg.sent(OWNER)[-1]
+    assert "call mum" in listing["text"] and "water the plants" in listing["text"]
+    labels = [b["text"] for row in listing["reply_markup"]["inline_keyboard"] for b in row]
+    assert labels == ["✖ call mum", "✖ water the plants"]
+    await tg.press(listing, "✖ call mum", user_id=OWNER)
+    await h.settled()
+    assert [r.text for r in await reminders(h).active(A)] == ["water the plants"]
+    answers = [c for c in tg.calls_of("answerCallbackQuery")]
+    assert answers and answers[-1].get("text") == "Reminder cancelled."
+    # Russian, too.
+    await tg.message("/reminders", user_id=OWNER, language_code="ru")
+    await h.settled()
+    assert "Напоминания в этом чате (1)" in tg.texts(OWNER)[-1]
+
+
+async def test_reminders_are_for_the_owner_only(clocked: tuple[Harness, Clock], tg: FakeTelegram):
+    h, _clock = clocked
+    await tg.message("hi", user_id=FRIEND)
+    await h.settled()
+    await reminders(h).set(str(FRIEND), "secret plan", cron="0 8 * * *")
+    await tg.message("/reminders", user_id=FRIEND)
+    await h.settled()
+    assert tg.texts(FRIEND)[-1] == "Only the owner can see the reminders." and "secret" not in str(tg.sent(FRIEND)[-1])
+    await tg.message("/reminders", user_id=OWNER)
+    await h.settled()
+    listing = tg.sent(OWNER)[-1]
+    assert "secret" not in listing["text"]  # another chat's reminders are not listed here
+
+
+# -- the assistant's tools ---------------------------------------------------------------------
+
+@pytest.fixture
+async def with_tools(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncIterator[Harness]:
+    """The bridge with the notebook on and its MCP server (with the reminder tools) on loopback."""
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_NOTES_ENABLED="1")
+    await h.start()
+    assert h.s.notebook is not None
+    listener = Listener("127.0.0.1:0", store=h.s.store, queue=h.s.queue, ingest=None,  # type: ignore[arg-type]
+                        routes=[McpServer(h.s.notebook, h.s.store, reminders=reminders(h)).routes])
+    await listener.start()
+    assert listener._runner is not None
+    fake_eve.mcp_url = f"http://127.0.0.1:{listener._runner.addresses[0][1]}/mcp"
+    try:
+        yield h
+    finally:
+        await listener.stop()
+        await h.stop()
+
+
+async def test_the_assistant_sets_lists_and_cancels_a_reminder_in_an_owner_turn(
+        with_tools: Harness, tg: FakeTelegram, fake_eve: FakeEve):
+    h = with_tools
+    args = {"text": "remind Ann of the dentist", "cron": "0 9 * * 1", "tz": "Europe/Berlin"}
+    await tg.message(f"set it [[mcp=chat_reminder_set {json.dumps(args)}]]", user_id=OWNER)
+    await h.settled()
+    result = fake_eve.mcp_results[-1]
+    assert not result.get("is_error") and "chat_reminder_set" in result["listed"], result
+    [made] = await reminders(h).active(A)
+    assert made.text == "remind Ann of the dentist" and made.author == "assistant" and made.tz == "Europe/Berlin"
+    await tg.message("list [[mcp=chat_reminder_list {}]]", user_id=OWNER)
+    await h.settled()
+    assert made.id in fake_eve.mcp_results[-1]["output"]
+    await tg.message('bad [[mcp=chat_reminder_set {"text": "x", "cron": "every day"}]]', user_id=OWNER)
+    await h.settled()
+    bad = fake_eve.mcp_results[-1]
+    assert bad["is_error"] and bad["output"].startswith("cron:") and "five fields" in bad["output"]
+    await tg.message(f'cancel [[mcp=chat_reminder_cancel {{"id": "{made.id}"}}]]', user_id=OWNER)
+    await h.settled()
+    assert not fake_eve.mcp_results[-1].get("is_error") and await reminders(h).active(A) == []
+
+
+async def test_the_reminder_tools_are_refused_in_a_non_owners_turn(with_tools: Harness, tg: FakeTelegram,
+                                                                  fake_eve: FakeEve):
+    h = with_tools
+    await tg.message('set [[mcp=chat_reminder_set {"text": "x", "cron": "0 9 * * *"}]]', user_id=FRIEND)
+    await h.settled()
+    result = fake_eve.mcp_results[-1]
+    assert "chat_reminder_set" not in result["listed"] and "no tool named" in result["error"]
+    assert await reminders(h).active(str(FRIEND)) == []
+
+
+async def test_a_reminder_fired_turn_is_an_owner_turn_with_the_tools(with_tools: Harness, tg: FakeTelegram,
+                                                                    fake_eve: FakeEve):
+    """A reminder's turn carries the notebook's block and may use the tools (a recurring reminder
+    can cancel itself): the seed's cron chat."""
+    h = with_tools
+    await tg.message("hello", user_id=OWNER)
+    await h.settled()
+    assert h.pushes is not None
+    await h.pushes.push_turn(A, 'check in [[mcp=chat_reminder_list {}]]')
+    await h.settled()
+    assert "chat_reminder_list" in fake_eve.mcp_results[-1]["listed"]
+    assert not fake_eve.mcp_results[-1].get("is_error")
+
+
+async def test_retention_prunes_finished_reminders_and_keeps_active_ones(clocked: tuple[Harness, Clock]):
+    """F7: a reminder done or cancelled before the window goes; an active one stays, whatever its age."""
+    from bridge import retention
+
+    h, clock = clocked
+    once = await reminders(h).set(A, "once", at=utc(T0 + 60))
+    gone = await reminders(h).set(A, "cancelled", cron="0 9 * * *")
+    kept = await reminders(h).set(A, "kept", cron="0 9 * * *")
+    await reminders(h).cancel(A, gone.id)
+    clock.now = T0 + 61
+    await reminders(h).fire_due()
+    await h.settled()
+    pruned = await retention.prune(h.s.queue, h.s.store, days=1, now=time.time() + 2 * 86_400)
+    assert pruned.reminders == 2
+    left = {r["id"] for r in h.observe("SELECT id FROM reminders")}
+    assert left == {kept.id} and once.id not in left
+
+
+async def test_the_reminders_loop_fires_on_the_moved_clock_and_wakes_on_a_new_reminder(
+        clocked: tuple[Harness, Clock], tg: FakeTelegram):
+    """The loop itself: it fires what the (injected) wall clock says is due, and a reminder set
+    while it sleeps wakes it to look again. Its sleeps are bounded (here 50 ms), never the wait."""
+    import asyncio
+
+    h, clock = clocked
+    loop = asyncio.create_task(reminders(h).run(look_every=0.05))
+    try:
+        await reminders(h).set(A, "loop one", at=utc(T0 + 3600))
+        await h.until(lambda: reminders(h).changed.is_set() is False, what="the loop looked")
+        assert fired(h) == []
+        clock.now = T0 + 3601
+        await h.until(lambda: len(fired(h)) == 1, what="fired by the loop")
+        await h.settled()
+        assert tg.texts(OWNER)[-1] == "echo: loop one"
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
