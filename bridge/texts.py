@@ -30,6 +30,7 @@ _TEXTS: dict[str, dict[Lang, str]] = {
             "/compact — compact a long conversation now (I also do it by myself between answers)\n"
             "/status — the conversation's state\n"
             "/notes — the notebook I keep for myself in this chat (owner only)\n"
+            "/reminders — the reminders set in this chat, to cancel one (owner only)\n"
             "/help — this text"
         ),
         "ru": (
@@ -40,6 +41,7 @@ _TEXTS: dict[str, dict[Lang, str]] = {
             "/compact — сжать длинный разговор сейчас (между ответами я делаю это и сам)\n"
             "/status — состояние разговора\n"
             "/notes — блокнот, который я веду для себя в этом чате (только владельцу)\n"
+            "/reminders — напоминания этого чата, чтобы отменить (только владельцу)\n"
             "/help — эта справка"
         ),
     },
