@@ -32,6 +32,7 @@ from .http import Listener
 from .ingest import Ingest
 from .metrics import METRICS
 from .notebook import McpServer, Notebook, NotebookConfig, OwnerApi, PressureTexts, Rebuilder
+from .people import PAIRING_SECONDS, link
 from .sender import Sender, undecodable
 from .state import StateCorrupt, StateUnavailable, open_state
 from .texts import t
@@ -104,6 +105,8 @@ class Bridge:
                 BotCommand(command="compact", description=t("cmd_compact", lang)),
                 BotCommand(command="status", description=t("cmd_status", lang)),
                 *([BotCommand(command="notes", description=t("cmd_notes", lang))] if self.settings.notes_enabled else []),
+                BotCommand(command="invite", description=t("cmd_invite", lang)),
+                BotCommand(command="users", description=t("cmd_users", lang)),
                 BotCommand(command="help", description=t("cmd_help", lang)),
             ]
             try:
@@ -155,6 +158,13 @@ class Bridge:
             services = Services.build(settings=s, eve_client=client, store=store, queue=queue, sender=sender,
                                       spawn=self.spawn, notebook=notebook, rebuilder=rebuilder)
             requeued = await services.transitions.repair_at_start()
+            pairing = await services.people.start_pairing(me.username)
+            if pairing is not None:
+                # P1: no owner yet. The link is the way in; it goes to the log (the journal), and
+                # `iva status` / `iva check` make another while this one waits.
+                logger.warning("pairing_link", link=link(me.username, pairing), code=pairing,
+                               expires_in_s=int(PAIRING_SECONDS),
+                               hint="open the link in Telegram: whoever opens it first becomes the bot's owner")
             structlog.contextvars.clear_contextvars()
             logger.info("bridge_starting", bot=me.username, policy=s.turn_policy, state=str(s.db_path),
                         retention_days=s.retention_days,
@@ -184,7 +194,7 @@ class Bridge:
 
             if state.quarantined is not None:
                 # R5: the owners hear it from the bot itself, in their private chats.
-                for owner in sorted(s.owner_ids):
+                for owner in await services.people.owners():
                     self.spawn(sender.say(owner, None, t("state_quarantined", s.lang, path=str(state.quarantined))))
             recovered = await scheduler.recover()
             self.spawn(self._commands(bot))

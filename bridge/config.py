@@ -32,6 +32,7 @@ DEFAULT_WEBHOOK_LISTEN = "127.0.0.1:8443"  # issue 15: TLS is the reverse proxy'
 DEFAULT_MAX_FILE_MB = 20  # the Bot API's getFile limit
 DEFAULT_RETENTION_DAYS = 14
 DEFAULT_TRANSCRIBE_TIMEOUT = 60.0
+DEFAULT_INVITE_HOURS = 24  # how long an /invite link stays good (P2)
 
 _TOKEN_SECRET = re.compile(r"[A-Za-z0-9_-]+")
 _TOKEN_SECRET_MIN = 20  # BotFather's secrets are 35 characters; the fakes' are shorter
@@ -137,6 +138,7 @@ class Settings:
     voice: Literal["refuse", "file", "command"] = "refuse"
     transcribe_cmd: tuple[str, ...] = ()
     transcribe_timeout: float = DEFAULT_TRANSCRIBE_TIMEOUT
+    invite_hours: int = DEFAULT_INVITE_HOURS
     log_level: str = "info"
     notes_enabled: bool = True
     notes_connection: str = "notebook"
@@ -266,9 +268,9 @@ class Settings:
             problems.append(problem)
         eve_url = url("IVA_EVE_URL", None)
         api_url = url("IVA_TELEGRAM_API_URL", DEFAULT_TELEGRAM_API_URL)
+        # Optional since issue 24 (P1): without it the first person to open the pairing link
+        # printed at start becomes the owner, kept in the state database.
         owners = ids("IVA_OWNER_IDS")
-        if not owners and get("IVA_OWNER_IDS") is None:
-            problems.append("IVA_OWNER_IDS is required: the Telegram user ids of the bot's owners")
         allowed = ids("IVA_ALLOWED_USER_IDS")
 
         streaming = (get("IVA_STREAMING") or "draft").lower()
@@ -361,6 +363,7 @@ class Settings:
             max_file_mb=integer("IVA_MAX_FILE_MB", DEFAULT_MAX_FILE_MB, low=1, high=2000),
             retention_days=retention("IVA_RETENTION_DAYS"),
             transcribe_timeout=number("IVA_TRANSCRIBE_TIMEOUT", DEFAULT_TRANSCRIBE_TIMEOUT, low=1.0),
+            invite_hours=integer("IVA_INVITE_HOURS", DEFAULT_INVITE_HOURS, low=1, high=24 * 30),
         )
         if problems:
             raise ConfigError(problems)

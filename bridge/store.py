@@ -24,7 +24,7 @@ from .payloads import Kind, Origin
 __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "Outgoing",
            "SchemaMismatch", "Store", "read_status"]
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -164,6 +164,42 @@ _MIGRATIONS: dict[int, str] = {
     # it cancels again instead of resuming the turn's output.
     7: """
     ALTER TABLE chats ADD COLUMN stop_wanted INTEGER NOT NULL DEFAULT 0
+    """,
+    # People (issue 24, P1-P3): who paired or was invited (beside the environment's ids), the
+    # pairing and invitation codes (only their SHA-256), the wrong guesses per person, a few
+    # facts `iva status` reads (the bot's username), and the private topics found gone.
+    8: """
+    CREATE TABLE people (
+        user_id     INTEGER PRIMARY KEY,
+        role        TEXT    NOT NULL,
+        name        TEXT    NOT NULL DEFAULT '',
+        added_by    INTEGER,
+        added_at    REAL    NOT NULL
+    );
+    CREATE TABLE pairing_codes (
+        digest      TEXT    PRIMARY KEY,
+        kind        TEXT    NOT NULL,
+        created_by  INTEGER,
+        created_at  REAL    NOT NULL,
+        expires_at  REAL    NOT NULL,
+        used_by     INTEGER,
+        used_at     REAL
+    );
+    CREATE TABLE pairing_misses (
+        user_id     INTEGER PRIMARY KEY,
+        misses      INTEGER NOT NULL,
+        first_at    REAL    NOT NULL,
+        locked_until REAL
+    );
+    CREATE TABLE people_meta (
+        key         TEXT PRIMARY KEY,
+        value       TEXT NOT NULL
+    );
+    CREATE TABLE topics_gone (
+        address     TEXT PRIMARY KEY,
+        reason      TEXT NOT NULL,
+        gone_at     REAL NOT NULL
+    )
     """,
 }
 

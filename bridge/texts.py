@@ -201,6 +201,42 @@ _TEXTS: dict[str, dict[Lang, str]] = {
     "status_idle": {"en": "free", "ru": "свободен"},
     "status_busy": {"en": "answering (for {seconds} s)", "ru": "отвечаю (уже {seconds} с)"},
     "status_unknown": {"en": "unknown", "ru": "неизвестно"},
+    # -- people (issue 24: pairing, invitations, /users) -------------------------------------
+    "pair_owner": {
+        "en": ("You are my owner now. Just write to me.\n\n/invite makes a one-time link for another person; "
+               "/users shows who may talk to me."),
+        "ru": ("Теперь вы мой владелец. Просто пишите.\n\n/invite — одноразовая ссылка для другого человека; "
+               "/users — кто может со мной говорить."),
+    },
+    "pair_allowed": {
+        "en": "Welcome! You can talk to me now — just write.\n\n/help shows what I can do.",
+        "ru": "Добро пожаловать! Теперь можно со мной говорить — просто пишите.\n\n/help — что я умею.",
+    },
+    "pair_already": {"en": "You can already talk to me — just write.",
+                     "ru": "Вы уже можете со мной говорить — просто пишите."},
+    "pair_invalid": {
+        "en": "This link does not work: it was used already, or it expired. Ask for a new one.",
+        "ru": "Эта ссылка не работает: ею уже воспользовались, или её срок истёк. Попросите новую.",
+    },
+    "cmd_invite": {"en": "A one-time link for another person", "ru": "Одноразовая ссылка для другого человека"},
+    "cmd_users": {"en": "Who may talk to me", "ru": "Кто может со мной говорить"},
+    "owner_only": {"en": "Only an owner can do this.", "ru": "Это может только владелец."},
+    "invite_link": {
+        "en": ("A one-time link for one person, good for {hours} h:\n{link}\n\nWhoever opens it first can talk "
+               "to me; /users shows who can, and removes."),
+        "ru": ("Одноразовая ссылка для одного человека, действует {hours} ч:\n{link}\n\nКто откроет её первым, "
+               "сможет со мной говорить; /users — кто может, и удаление."),
+    },
+    "invite_private_only": {"en": "I give invitation links in private only: send /invite to me there.",
+                            "ru": "Ссылки-приглашения даю только в личке: отправьте /invite мне туда."},
+    "users_header": {"en": "Who may talk to me:", "ru": "Кто может со мной говорить:"},
+    "users_owner": {"en": "owner", "ru": "владелец"},
+    "users_allowed": {"en": "allowed", "ru": "допущен"},
+    "users_env": {"en": "from the settings, not removable here", "ru": "из настроек, здесь не удалить"},
+    "users_you": {"en": "you", "ru": "вы"},
+    "users_remove": {"en": "Remove {name}", "ru": "Убрать {name}"},
+    "users_removed": {"en": "{name} can no longer talk to me.", "ru": "{name} больше не может со мной говорить."},
+    "users_gone": {"en": "Already removed.", "ru": "Уже удалён."},
 }
 
 

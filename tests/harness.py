@@ -123,6 +123,7 @@ class Harness:
         self._closing: list[asyncio.Task[Any]] = []  # aiogram's close waits 250 ms: not in the way
         self.starts = 0
         self.ingest: asyncio.Task[Any] | None = None
+        self.pairing: str | None = None
 
     @property
     def s(self) -> Services:
@@ -156,6 +157,8 @@ class Harness:
         await self.services.transitions.repair_at_start()
         self.scheduler = Scheduler(self.services)
         me = await bot.get_me()
+        # Issue 24: with no owner in the settings, the pairing code this start printed.
+        self.pairing = await self.services.people.start_pairing(me.username)
         ingest = Ingest(services=self.services, me=me, scheduler=self.scheduler,
                         commands=Commands(self.services, self.scheduler))
         self.ingest = self.spawn(ingest.run())
