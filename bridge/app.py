@@ -105,6 +105,7 @@ class Bridge:
                 BotCommand(command="compact", description=t("cmd_compact", lang)),
                 BotCommand(command="status", description=t("cmd_status", lang)),
                 *([BotCommand(command="notes", description=t("cmd_notes", lang))] if self.settings.notes_enabled else []),
+                BotCommand(command="topic", description=t("cmd_topic", lang)),
                 BotCommand(command="invite", description=t("cmd_invite", lang)),
                 BotCommand(command="users", description=t("cmd_users", lang)),
                 BotCommand(command="help", description=t("cmd_help", lang)),

@@ -12,6 +12,7 @@ import difflib
 import time
 from typing import TYPE_CHECKING
 
+from aiogram.exceptions import TelegramAPIError
 from aiogram.types import CallbackQuery, Message
 
 from . import log
@@ -50,14 +51,20 @@ class Commands:
             return await self.invite(message, address, lang, key)
         if command == "users":
             return await self.users(message, address, lang, key)
+        if command == "topic":
+            return await self.topic(message, address, lang, key, args)
         s, addr = self.s, str(address)
-        owner = message.from_user is not None and await s.people.is_owner(message.from_user.id)
+        private = message.chat.type == "private"
+        # S7: in a group the eve session id (an internal) is never shown, even to an owner: the
+        # answer goes to the asker alone where Telegram allows it, and to the group where not.
+        owner = private and message.from_user is not None and await s.people.is_owner(message.from_user.id)
         text = await self.status_text(addr, lang, owner=owner) if command == "status" else t(command, lang)
         async with s.store.db.transaction():
             # The answer is on disk with the mark that says the update was handled.
             if not await s.queue.remember(addr, {"kind": "command", "command": command}, dedupe_key=key):
                 return "duplicate"
-            await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text)
+            await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
+                                  receiver=self._asker(message) if command == "status" else None)
         s.spawn(s.outbox.flush(addr))
         return "command"
 
@@ -88,6 +95,7 @@ class Commands:
             if not await s.queue.remember(addr, {"kind": "command", "command": "stop"}, dedupe_key=key):
                 return "duplicate"
             chat = await s.store.chat(addr)
+            receiver = self._asker(message)  # S7: what only the asker needs, to them alone
             if chat is None or not chat.busy:
                 text = t("stop_nothing", lang)
             elif not (message.chat.type == "private" or await s.people.is_owner(user)
@@ -96,13 +104,21 @@ class Commands:
             else:
                 stopped = await s.transitions.want_stop(addr)
                 text = t("stop_compaction" if chat.kind is Kind.COMPACT else "stop_done", lang)
+                receiver = None  # a stop is everyone's news
             await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
-                                  reply_to=message.message_id)
+                                  reply_to=message.message_id, receiver=receiver)
         logger.info("stop_asked", stopped=stopped is not None, user_id=user)
         s.spawn(s.outbox.flush(addr))
         if stopped is not None:
             self.scheduler.wake(addr)
         return "command"
+
+    @staticmethod
+    def _asker(message: Message) -> int | None:
+        """In a group, the person an answer for them alone goes to (S7); None in private."""
+        if message.chat.type == "private" or message.from_user is None:
+            return None
+        return message.from_user.id
 
     async def _askers(self, address: str) -> set[int]:
         """The people whose messages the running turn answers."""
@@ -134,13 +150,14 @@ class Commands:
 
     async def _owner_answer(self, message: Message, address: Address, key: str, text: str, *,
                             markup: object = None) -> str:
-        """An answer committed with the command's dedupe mark, as for /status."""
+        """An answer committed with the command's dedupe mark, as for /status; in a group, to the
+        asker alone where Telegram allows it (S7)."""
         addr, s = str(address), self.s
         async with s.store.db.transaction():
             if not await s.queue.remember(addr, {"kind": "command"}, dedupe_key=key):
                 return "duplicate"
             await s.store.put_outgoing(addr, f"re:{key}", address.chat_id, address.thread_id, text, format="plain",
-                                       reply_to=message.message_id, markup=markup)
+                                       reply_to=message.message_id, markup=markup, receiver=self._asker(message))
         s.spawn(s.outbox.flush(addr))
         return "command"
 
@@ -175,6 +192,8 @@ class Commands:
         me = message.from_user.id
         if not await s.people.is_owner(me):
             return await self._owner_answer(message, address, key, t("owner_only", lang))
+        if message.chat.type != "private":  # who may talk is nobody else's business (S7)
+            return await self._owner_answer(message, address, key, t("users_private_only", lang))
         lines, rows = [t("users_header", lang)], []
         for person in await s.people.everyone():
             name = person.name or str(person.user_id)
@@ -215,6 +234,41 @@ class Commands:
             s.spawn(s.outbox.flush(addr))
             return "person_removed", "✓"
         return "refused", t("users_gone", lang)
+
+    # -- /topic (P3) ---------------------------------------------------------------------------
+
+    async def topic(self, message: Message, address: Address, lang: str, key: str, args: str) -> str:
+        """``/topic <title>``: a new topic of the private chat, its own conversation (session,
+        queue, notebook), greeted inside; at most once per update (the mark commits before
+        Telegram is asked: a crash in between opens nothing, and the person asks again)."""
+        s, addr = self.s, str(address)
+        if message.chat.type != "private":
+            return await self._owner_answer(message, address, key, t("topic_private_only", lang))
+        if not (await s.sender.bot.me()).has_topics_enabled:
+            return await self._owner_answer(message, address, key, t("topics_off", lang))
+        title = " ".join(args.split())[:128] or t("topic_default", lang)
+        if not await s.queue.remember(addr, {"kind": "command", "command": "topic"}, dedupe_key=key):
+            return "duplicate"
+        try:
+            opened = await s.sender.bot.create_forum_topic(chat_id=address.chat_id, name=title)
+        except TelegramAPIError as exc:
+            logger.warning("topic_open_failed", error=exc.message[:200])
+            async with s.store.db.transaction():
+                await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}",
+                                      t("topic_failed", lang, reason=exc.message[:200]), markdown=False)
+            s.spawn(s.outbox.flush(addr))
+            return "command"
+        topic = Address(address.chat_id, opened.message_thread_id)
+        async with s.store.db.transaction():
+            await s.transitions.touch(str(topic), topic.chat_id, topic.thread_id, lang)
+            await s.outbox.say_to(str(topic), topic.chat_id, topic.thread_id, f"hello:{key}",
+                                  t("topic_hello", lang, title=title), markdown=False)
+            await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}",
+                                  t("topic_opened", lang, title=title), reply_to=message.message_id, markdown=False)
+        logger.info("topic_opened", topic=str(topic))
+        s.spawn(s.outbox.flush(str(topic)))
+        s.spawn(s.outbox.flush(addr))
+        return "command"
 
     # -- /compact ---------------------------------------------------------------------------
 
@@ -309,15 +363,20 @@ class Commands:
         else:
             text = await self._notebook_text(addr, lang)
         if message.chat.type != "private" and notebook is not None and owner:
-            # A group's notebook is the owner's business: it goes to the owner's private chat.
+            # A group's notebook is the owner's business: shown to them alone in the group (S7),
+            # or, where Telegram will not, in the owner's private chat.
             s.spawn(self._notes_privately(message, address, lang, text))
             return "command"
         # Plain text: a note is shown as written, and a diff's "-"/"+" lines are not list bullets.
-        s.spawn(s.sender.say(address.chat_id, address.thread_id, text, reply_to=message.message_id, markdown=False))
+        s.spawn(s.sender.say(address.chat_id, address.thread_id, text, reply_to=message.message_id, markdown=False,
+                             receiver=self._asker(message)))
         return "command"
 
     async def _notes_privately(self, message: Message, address: Address, lang: str, text: str) -> None:
         assert message.from_user is not None
+        if await self.s.sender.say(address.chat_id, address.thread_id, text, reply_to=message.message_id,
+                                   markdown=False, receiver=message.from_user.id, fallback=False):
+            return
         title = message.chat.title or str(address.chat_id)
         sent = await self.s.sender.say(message.from_user.id, None, f"{title}\n{text}", markdown=False)
         note = t("notes_sent_privately" if sent else "notes_start_private", lang)

@@ -32,6 +32,7 @@ DEFAULT_WEBHOOK_LISTEN = "127.0.0.1:8443"  # issue 15: TLS is the reverse proxy'
 DEFAULT_MAX_FILE_MB = 20  # the Bot API's getFile limit
 DEFAULT_RETENTION_DAYS = 14
 DEFAULT_TRANSCRIBE_TIMEOUT = 60.0
+DEFAULT_SPEAK_TIMEOUT = 60.0
 DEFAULT_INVITE_HOURS = 24  # how long an /invite link stays good (P2)
 
 _TOKEN_SECRET = re.compile(r"[A-Za-z0-9_-]+")
@@ -138,6 +139,10 @@ class Settings:
     voice: Literal["refuse", "file", "command"] = "refuse"
     transcribe_cmd: tuple[str, ...] = ()
     transcribe_timeout: float = DEFAULT_TRANSCRIBE_TIMEOUT
+    # Voice for voice (issue 24): the command that reads an answer's text on stdin and writes
+    # OGG/Opus on stdout, within the timeout; () = off.
+    speak_cmd: tuple[str, ...] = ()
+    speak_timeout: float = DEFAULT_SPEAK_TIMEOUT
     invite_hours: int = DEFAULT_INVITE_HOURS
     log_level: str = "info"
     notes_enabled: bool = True
@@ -293,6 +298,7 @@ class Settings:
         if voice == "command" and get("IVA_TRANSCRIBE_CMD") is None:
             problems.append("IVA_VOICE=command needs IVA_TRANSCRIBE_CMD: the command that prints a transcript "
                             "(the audio file's path is appended as its last argument)")
+        speak_cmd = command("IVA_SPEAK_CMD")
         state_dir = state_dir_of(get("IVA_STATE_DIR") or get("STATE_DIRECTORY"))
 
         listen = get("IVA_API_LISTEN") or DEFAULT_API_LISTEN
@@ -364,6 +370,7 @@ class Settings:
             retention_days=retention("IVA_RETENTION_DAYS"),
             transcribe_timeout=number("IVA_TRANSCRIBE_TIMEOUT", DEFAULT_TRANSCRIBE_TIMEOUT, low=1.0),
             invite_hours=integer("IVA_INVITE_HOURS", DEFAULT_INVITE_HOURS, low=1, high=24 * 30),
+            speak_timeout=number("IVA_SPEAK_TIMEOUT", DEFAULT_SPEAK_TIMEOUT, low=1.0),
         )
         if problems:
             raise ConfigError(problems)
@@ -391,5 +398,6 @@ class Settings:
             notes_texts=texts,
             voice=voice,  # type: ignore[arg-type]
             transcribe_cmd=transcribe_cmd,
+            speak_cmd=speak_cmd,
             **settings,  # type: ignore[arg-type]
         )

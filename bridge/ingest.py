@@ -303,6 +303,13 @@ class Ingest:
             return "ignored"
         finally:
             self.spawn(self._answer_callback(query.id, note))
+            chat = query.message.chat if query.message is not None else None
+            if note not in (None, "✓") and chat is not None and chat.type != "private":
+                # S7: in a group a refusal is also shown to the presser alone, where Telegram
+                # allows it; never to the group (the press's own answer has said it already).
+                assert note is not None
+                self.spawn(self.sender.say(chat.id, None, note, receiver=query.from_user.id,
+                                           callback_query_id=query.id, fallback=False, markdown=False))
 
     async def _answer_callback(self, query_id: str, note: str | None) -> None:
         try:
@@ -337,7 +344,8 @@ class Ingest:
         if role is None:
             logger.info("stranger_ignored", user_id=user.id)
             return "stranger"
-        if inbound.command in ("compact", "notes", "start", "help", "status", "new", "stop", "invite", "users"):
+        if inbound.command in ("compact", "notes", "start", "help", "status", "new", "stop", "invite", "users",
+                               "topic"):
             return await self.commands.handle(inbound.command, message, address, lang, key, inbound.command_args)
         prepared = self._prepare(message, inbound, user, lang, owner=role is Role.OWNER)
         if isinstance(prepared, str) and not hold:

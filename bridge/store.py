@@ -199,7 +199,8 @@ _MIGRATIONS: dict[int, str] = {
         address     TEXT PRIMARY KEY,
         reason      TEXT NOT NULL,
         gone_at     REAL NOT NULL
-    )
+    );
+    ALTER TABLE outbox ADD COLUMN receiver INTEGER
     """,
 }
 
@@ -307,6 +308,7 @@ class Outgoing:
     message_ids: tuple[int, ...]
     markup: Any = None  # inline keyboard rows: [[{"text", "callback_data"}]]
     created_at: float = 0.0
+    receiver: int | None = None  # S7: in a group, shown to this person alone where Telegram allows
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Outgoing:
@@ -323,6 +325,7 @@ class Outgoing:
             message_ids=tuple(json.loads(row["message_ids"])),
             markup=json.loads(row["markup"]) if row["markup"] else None,
             created_at=row["created_at"],
+            receiver=row["receiver"],
         )
 
 
@@ -450,6 +453,7 @@ class Store:
         format: str = "markdown",
         reply_to: int | None = None,
         markup: Any = None,
+        receiver: int | None = None,
     ) -> bool:
         """Queue a text to send; False when ``key`` was queued before (T7: replays send nothing).
 
@@ -457,10 +461,10 @@ class Store:
         it) becomes U+FFFD, so a model's broken emoji never costs the person the reply (F6)."""
         text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         rows = await self.db.fetchall(
-            "INSERT INTO outbox (address, key, chat_id, thread_id, text, format, reply_to, markup, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING RETURNING id",
+            "INSERT INTO outbox (address, key, chat_id, thread_id, text, format, reply_to, markup, created_at, "
+            "receiver) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING RETURNING id",
             (address, key, chat_id, thread_id, text, format, reply_to,
-             json.dumps(markup) if markup is not None else None, time.time()),
+             json.dumps(markup) if markup is not None else None, time.time(), receiver),
         )
         return bool(rows)
 
@@ -615,6 +619,20 @@ class Store:
     async def chat_by_session(self, session: str) -> Chat | None:
         row = await self.db.fetchone("SELECT * FROM chats WHERE eve_session = ?", (session,))
         return Chat.from_row(row) if row else None
+
+    async def topic_gone(self, address: str, reason: str) -> bool:
+        """A topic found deleted or not there (issue 24): remembered, and from now on the
+        address's pending replies and its record's sends go to the chat's root. True the first
+        time (the person is told once), False when it was known."""
+        async with self.db.transaction():
+            fresh = bool(await self.db.fetchall(
+                "INSERT INTO topics_gone (address, reason, gone_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (address) DO NOTHING RETURNING address", (address, reason[:200], time.time())))
+            await self.db.execute("UPDATE outbox SET thread_id = NULL WHERE address = ? AND state = 'pending'",
+                                  (address,))
+            await self.db.execute("UPDATE chats SET thread_id = NULL, updated_at = ? WHERE address = ?",
+                                  (time.time(), address))
+        return fresh
 
     async def fail_outgoing_of_address(self, address: str) -> int:
         return await self.db.execute(

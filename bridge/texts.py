@@ -237,6 +237,25 @@ _TEXTS: dict[str, dict[Lang, str]] = {
     "users_remove": {"en": "Remove {name}", "ru": "Убрать {name}"},
     "users_removed": {"en": "{name} can no longer talk to me.", "ru": "{name} больше не может со мной говорить."},
     "users_gone": {"en": "Already removed.", "ru": "Уже удалён."},
+    "users_private_only": {"en": "I list who may talk to me in private only: send /users to me there.",
+                           "ru": "Кто может со мной говорить, показываю только в личке: отправьте /users мне туда."},
+    # -- topics in private chats (issue 24) ---------------------------------------------------
+    "cmd_topic": {"en": "Open a new conversation as a topic", "ru": "Открыть новый разговор темой"},
+    "topic_opened": {"en": "Opened the topic “{title}”: a conversation of its own. Write there.",
+                     "ru": "Открыла тему «{title}» — отдельный разговор. Пишите туда."},
+    "topic_hello": {"en": "A new conversation: “{title}”. /new, /compact, /status, /stop and /notes here act "
+                          "on this topic only.",
+                    "ru": "Новый разговор: «{title}». /new, /compact, /status, /stop и /notes здесь действуют "
+                          "только на эту тему."},
+    "topic_default": {"en": "New conversation", "ru": "Новый разговор"},
+    "topics_off": {"en": "Topics are off for this bot: its owner can turn on topic mode in @BotFather.",
+                   "ru": "Темы у этого бота выключены: владелец может включить режим тем в @BotFather."},
+    "topic_private_only": {"en": "I open topics in our private chat only.",
+                           "ru": "Темы открываю только в нашей личной переписке."},
+    "topic_failed": {"en": "Telegram would not open the topic ({reason}).",
+                     "ru": "Telegram не открыл тему ({reason})."},
+    "topic_gone": {"en": "A topic of ours is gone, so I answer its messages here.",
+                   "ru": "Одной из наших тем больше нет, поэтому отвечаю на её сообщения здесь."},
 }
 
 
