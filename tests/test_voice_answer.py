@@ -9,6 +9,7 @@ and prints fake OGG audio, fails, prints something else, or hangs with a helper.
 from __future__ import annotations
 
 import json
+import shutil
 import shlex
 import sys
 from collections.abc import AsyncIterator
@@ -130,3 +131,18 @@ async def test_the_speaker_is_off_by_default_and_its_program_must_exist(tmp_path
     with pytest.raises(SpeakFailed) as failed:
         await speaker.speak("hello")
     assert failed.value.outcome == "not_ogg"
+
+
+@pytest.mark.skipif(not (shutil.which("espeak-ng") and shutil.which("opusenc")),
+                    reason="needs Debian's espeak-ng and opus-tools (docs/people.md's example)")
+async def test_the_documented_speaker_makes_ogg_opus(tmp_path: Path):
+    """docs/people.md's speaker, as written there, through Iva's Speaker: OGG/Opus out."""
+    from tests.conftest import ROOT
+
+    page = (ROOT / "docs" / "people.md").read_text()
+    body = page.split("<<'SPEAKER'\n", 1)[1].split("\nSPEAKER\n", 1)[0]
+    script = tmp_path / "iva-speak"
+    script.write_text(body + "\n")
+    script.chmod(0o755)
+    audio = await Speaker((str(script), "en"), 30).speak("Hello. This is Iva, answering aloud.")
+    assert audio.startswith(b"OggS") and b"OpusHead" in audio[:200] and len(audio) > 1000
