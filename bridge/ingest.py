@@ -308,7 +308,10 @@ class Ingest:
                 # S7: in a group a refusal is also shown to the presser alone, where Telegram
                 # allows it; never to the group (the press's own answer has said it already).
                 assert note is not None
-                self.spawn(self.sender.say(chat.id, None, note, receiver=query.from_user.id,
+                pressed = query.message
+                thread = pressed.message_thread_id if isinstance(pressed, Message) and pressed.is_topic_message \
+                    and pressed.message_thread_id != 1 else None
+                self.spawn(self.sender.say(chat.id, thread, note, receiver=query.from_user.id,
                                            callback_query_id=query.id, fallback=False, markdown=False))
 
     async def _answer_callback(self, query_id: str, note: str | None) -> None:

@@ -31,10 +31,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from diskqueue import Database
-
 from . import log
 from .config import Settings
+from .store import Store, mint_pairing_code, people_meta
 
 __all__ = ["CODE_BYTES", "MISSES_ALLOWED", "PAIRING_SECONDS", "People", "Person", "Redeemed", "Role", "digest",
            "link", "mint_outside", "pairing_note"]
@@ -85,8 +84,8 @@ class People:
     """The people of the state database beside the settings' ones; every read asks the database
     (a primary-key lookup), so a change is seen at once and a rolled-back one never."""
 
-    def __init__(self, db: Database, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
-        self.db = db
+    def __init__(self, store: Store, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
         self.settings = settings
         self.clock = clock
 
@@ -96,7 +95,7 @@ class People:
         s = self.settings
         if user_id in s.owner_ids:
             return Role.OWNER
-        row = await self.db.fetchone("SELECT role FROM people WHERE user_id = ?", (user_id,))
+        row = await self.store.person(user_id)
         if row is not None and row["role"] == Role.OWNER:
             return Role.OWNER
         if user_id in s.allowed_user_ids or row is not None:
@@ -110,19 +109,17 @@ class People:
         return await self.role(user_id) is not None
 
     async def has_owner(self) -> bool:
-        if self.settings.owner_ids:
-            return True
-        return await self.db.fetchone("SELECT 1 FROM people WHERE role = ?", (str(Role.OWNER),)) is not None
+        return bool(self.settings.owner_ids) or bool(await self.store.people(str(Role.OWNER)))
 
     async def owners(self) -> list[int]:
-        """Every owner, the environment's and the paired one(s)."""
-        rows = await self.db.fetchall("SELECT user_id FROM people WHERE role = ?", (str(Role.OWNER),))
+        """Every owner, the environment's and the paired one."""
+        rows = await self.store.people(str(Role.OWNER))
         return sorted(self.settings.owner_ids | {int(r["user_id"]) for r in rows})
 
     async def everyone(self) -> list[Person]:
         """Owners first, then allowed people; the environment's before the database's."""
         s = self.settings
-        rows = await self.db.fetchall("SELECT * FROM people ORDER BY added_at, user_id")
+        rows = await self.store.people()
         out = [Person(u, Role.OWNER, "", True) for u in sorted(s.owner_ids)]
         out += [Person(int(r["user_id"]), Role(r["role"]), r["name"], False) for r in rows
                 if r["role"] == Role.OWNER and int(r["user_id"]) not in s.owner_ids]
@@ -137,7 +134,7 @@ class People:
         cannot be removed here. False when there was nobody to remove."""
         if user_id in self.settings.owner_ids or user_id in self.settings.allowed_user_ids:
             return False
-        return bool(await self.db.execute("DELETE FROM people WHERE user_id = ?", (user_id,)))
+        return bool(await self.store.remove_person(user_id))
 
     # -- codes -------------------------------------------------------------------------------
 
@@ -145,20 +142,17 @@ class People:
         """A new code (in the caller's transaction); only its digest is stored."""
         code = secrets.token_urlsafe(CODE_BYTES)
         now = self.clock()
-        await self.db.execute(
-            "INSERT INTO pairing_codes (digest, kind, created_by, created_at, expires_at) VALUES (?, ?, ?, ?, ?)",
-            (digest(code), str(kind), created_by, now, now + seconds))
+        await self.store.add_code(digest(code), str(kind), created_by, now, now + seconds)
         return code
 
     async def start_pairing(self, username: str | None) -> str | None:
         """At start: remember the bot's username and whether the environment names an owner (for
         ``iva status``); with no owner at all, the pairing codes of earlier starts are void and a
         new one is made. Returns that code, or None when the bot has an owner."""
-        async with self.db.transaction():
-            for key, value in (("bot_username", username or ""), ("env_owners", "1" if self.settings.owner_ids else "0")):
-                await self.db.execute("INSERT INTO people_meta (key, value) VALUES (?, ?) "
-                                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
-            await self.db.execute("DELETE FROM pairing_codes WHERE kind = ? AND used_by IS NULL", (str(Role.OWNER),))
+        async with self.store.db.transaction():
+            await self.store.set_people_meta("bot_username", username or "")
+            await self.store.set_people_meta("env_owners", "1" if self.settings.owner_ids else "0")
+            await self.store.drop_unused_codes(str(Role.OWNER))
             if await self.has_owner():
                 return None
             return await self.mint(Role.OWNER, created_by=None, seconds=PAIRING_SECONDS)
@@ -166,15 +160,13 @@ class People:
     async def redeem(self, user_id: int, name: str, code: str) -> Redeemed:
         """The code ``user_id`` sent (in the caller's transaction, with its dedupe mark and answer)."""
         now = self.clock()
-        miss = await self.db.fetchone("SELECT * FROM pairing_misses WHERE user_id = ?", (user_id,))
+        miss = await self.store.pairing_misses(user_id)
         if miss is not None and miss["locked_until"] is not None and miss["locked_until"] > now:
             return Redeemed.LOCKED
         found = None
         if _CODE_SHAPE.fullmatch(code):
             wanted = digest(code)
-            rows = await self.db.fetchall(
-                "SELECT digest, kind FROM pairing_codes WHERE used_by IS NULL AND expires_at > ?", (now,))
-            for row in rows:  # every live code compared, in constant time each
+            for row in await self.store.live_codes(now):  # every live code compared, in constant time each
                 if hmac.compare_digest(str(row["digest"]), wanted):
                     found = row
         if found is None or (found["kind"] == Role.OWNER and await self.has_owner()):
@@ -184,31 +176,21 @@ class People:
         current = await self.role(user_id)
         if current is Role.OWNER or (current is not None and role is Role.ALLOWED):
             return Redeemed.ALREADY
-        await self.db.execute("UPDATE pairing_codes SET used_by = ?, used_at = ? WHERE digest = ?",
-                              (user_id, now, found["digest"]))
-        added_by = None if role is Role.OWNER else await self._creator(str(found["digest"]))
-        await self.db.execute(
-            "INSERT INTO people (user_id, role, name, added_by, added_at) VALUES (?, ?, ?, ?, ?) "
-            "ON CONFLICT (user_id) DO UPDATE SET role = excluded.role, name = excluded.name",
-            (user_id, str(role), name[:200], added_by, now))
-        await self.db.execute("DELETE FROM pairing_misses WHERE user_id = ?", (user_id,))
+        await self.store.use_code(str(found["digest"]), user_id, now)
+        added_by = None if found["created_by"] is None else int(found["created_by"])
+        await self.store.add_person(user_id, str(role), name[:200], added_by, now)
+        await self.store.clear_misses(user_id)
         if role is Role.OWNER:  # paired: no other pairing code may make a second owner
-            await self.db.execute("DELETE FROM pairing_codes WHERE kind = ? AND used_by IS NULL", (str(Role.OWNER),))
+            await self.store.drop_unused_codes(str(Role.OWNER))
         logger.info("person_added", user_id=user_id, role=str(role))
         return Redeemed.OWNER if role is Role.OWNER else Redeemed.ALLOWED
 
-    async def _creator(self, code_digest: str) -> int | None:
-        row = await self.db.fetchone("SELECT created_by FROM pairing_codes WHERE digest = ?", (code_digest,))
-        return int(row["created_by"]) if row is not None and row["created_by"] is not None else None
-
     async def _missed(self, user_id: int, miss: sqlite3.Row | None, now: float) -> None:
-        misses = 1 if miss is None or now - miss["first_at"] > LOCK_SECONDS else int(miss["misses"]) + 1
-        first = now if misses == 1 or miss is None else float(miss["first_at"])
+        fresh = miss is None or now - float(miss["first_at"]) > LOCK_SECONDS
+        misses = 1 if fresh or miss is None else int(miss["misses"]) + 1
+        first = now if fresh or miss is None else float(miss["first_at"])
         locked = now + LOCK_SECONDS if misses >= MISSES_ALLOWED else None
-        await self.db.execute(
-            "INSERT INTO pairing_misses (user_id, misses, first_at, locked_until) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (user_id) DO UPDATE SET misses = excluded.misses, first_at = excluded.first_at, "
-            "locked_until = excluded.locked_until", (user_id, misses, first, locked))
+        await self.store.record_misses(user_id, misses, first, locked)
         logger.warning("pairing_code_wrong", user_id=user_id, misses=misses, locked=locked is not None)
 
 
@@ -223,9 +205,7 @@ def pairing_note(path: Path, environ: Mapping[str, str], *, username: str | None
         minted = mint_outside(path, username=username)
     except sqlite3.Error as exc:
         return f"pairing: no link made ({exc}); the daemon's log has one from its start (pairing_link)"
-    if minted is None:
-        return None
-    if isinstance(minted, str):
+    if minted is None or isinstance(minted, str):
         return minted
     code, url = minted
     return (f"pairing: no owner yet; open {url} in Telegram — whoever opens it first becomes the owner "
@@ -241,36 +221,17 @@ def mint_outside(path: Path, *, username: str | None = None,
     The one write these commands make, and only into a database that exists already, at this
     Iva's schema, and belongs to the user running them: a ``sudo iva status`` must never leave a
     root-owned file the service cannot open, nor create a database the daemon did not."""
-    from .store import SCHEMA_VERSION
-
     foreign = ("pairing: no owner yet; the state database is another user's: run this as the service's user "
                "for a link, or read pairing_link in the daemon's log")
-    if path.stat().st_uid != os.geteuid():
-        return foreign
-    for suffix in ("-wal", "-shm"):
+    for suffix in ("", "-wal", "-shm"):
         part = Path(f"{path}{suffix}")
         if part.exists() and part.stat().st_uid != os.geteuid():
             return foreign  # the service's files: never touched
-    now = time.time() if now is None else now
-    conn = sqlite3.connect(path, timeout=1.0, isolation_level=None)
-    conn.row_factory = sqlite3.Row
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
-                return "pairing: the state database is not at this Iva's schema yet: start `iva run` once"
-            meta = dict(conn.execute("SELECT key, value FROM people_meta").fetchall())
-            owned = conn.execute("SELECT 1 FROM people WHERE role = 'owner'").fetchone()
-            if owned is not None or meta.get("env_owners") != "0":
-                return None  # an owner, or a daemon that never said it has none
-            code = secrets.token_urlsafe(CODE_BYTES)
-            conn.execute("INSERT INTO pairing_codes (digest, kind, created_by, created_at, expires_at) "
-                         "VALUES (?, 'owner', NULL, ?, ?)", (digest(code), now, now + PAIRING_SECONDS))
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-    finally:
-        conn.close()
-    return code, link(username or meta.get("bot_username") or None, code)
+    code = secrets.token_urlsafe(CODE_BYTES)
+    outcome = mint_pairing_code(path, digest(code), now=time.time() if now is None else now,
+                                seconds=PAIRING_SECONDS)
+    if outcome == "schema":
+        return "pairing: the state database is not at this Iva's schema yet: start `iva run` once"
+    if outcome != "minted":
+        return None
+    return code, link(username or people_meta(path).get("bot_username") or None, code)

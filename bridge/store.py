@@ -22,7 +22,7 @@ from diskqueue import Database
 from .payloads import Kind, Origin
 
 __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "Outgoing",
-           "SchemaMismatch", "Store", "read_status"]
+           "SchemaMismatch", "Store", "mint_pairing_code", "people_meta", "read_status"]
 
 SCHEMA_VERSION = 8
 
@@ -620,6 +620,59 @@ class Store:
         row = await self.db.fetchone("SELECT * FROM chats WHERE eve_session = ?", (session,))
         return Chat.from_row(row) if row else None
 
+    # -- people (issue 24): the paired and invited, their codes, wrong guesses ----------------
+
+    async def person(self, user_id: int) -> sqlite3.Row | None:
+        return await self.db.fetchone("SELECT * FROM people WHERE user_id = ?", (user_id,))
+
+    async def people(self, role: str | None = None) -> list[sqlite3.Row]:
+        """The people of the database (of one role), in the order they came."""
+        if role is None:
+            return await self.db.fetchall("SELECT * FROM people ORDER BY added_at, user_id")
+        return await self.db.fetchall("SELECT * FROM people WHERE role = ? ORDER BY added_at, user_id", (role,))
+
+    async def add_person(self, user_id: int, role: str, name: str, added_by: int | None, at: float) -> None:
+        await self.db.execute(
+            "INSERT INTO people (user_id, role, name, added_by, added_at) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (user_id) DO UPDATE SET role = excluded.role, name = excluded.name",
+            (user_id, role, name, added_by, at))
+
+    async def remove_person(self, user_id: int) -> int:
+        return await self.db.execute("DELETE FROM people WHERE user_id = ?", (user_id,))
+
+    async def add_code(self, code_digest: str, kind: str, created_by: int | None, at: float, expires: float) -> None:
+        await self.db.execute(
+            "INSERT INTO pairing_codes (digest, kind, created_by, created_at, expires_at) VALUES (?, ?, ?, ?, ?)",
+            (code_digest, kind, created_by, at, expires))
+
+    async def live_codes(self, now: float) -> list[sqlite3.Row]:
+        """Codes not used and not expired at ``now``: digest, kind, created_by."""
+        return await self.db.fetchall(
+            "SELECT digest, kind, created_by FROM pairing_codes WHERE used_by IS NULL AND expires_at > ?", (now,))
+
+    async def use_code(self, code_digest: str, user_id: int, at: float) -> None:
+        await self.db.execute("UPDATE pairing_codes SET used_by = ?, used_at = ? WHERE digest = ?",
+                              (user_id, at, code_digest))
+
+    async def drop_unused_codes(self, kind: str) -> None:
+        await self.db.execute("DELETE FROM pairing_codes WHERE kind = ? AND used_by IS NULL", (kind,))
+
+    async def set_people_meta(self, key: str, value: str) -> None:
+        await self.db.execute("INSERT INTO people_meta (key, value) VALUES (?, ?) "
+                              "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
+
+    async def pairing_misses(self, user_id: int) -> sqlite3.Row | None:
+        return await self.db.fetchone("SELECT * FROM pairing_misses WHERE user_id = ?", (user_id,))
+
+    async def record_misses(self, user_id: int, misses: int, first_at: float, locked_until: float | None) -> None:
+        await self.db.execute(
+            "INSERT INTO pairing_misses (user_id, misses, first_at, locked_until) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (user_id) DO UPDATE SET misses = excluded.misses, first_at = excluded.first_at, "
+            "locked_until = excluded.locked_until", (user_id, misses, first_at, locked_until))
+
+    async def clear_misses(self, user_id: int) -> None:
+        await self.db.execute("DELETE FROM pairing_misses WHERE user_id = ?", (user_id,))
+
     async def topic_gone(self, address: str, reason: str) -> bool:
         """A topic found deleted or not there (issue 24): remembered, and from now on the
         address's pending replies and its record's sends go to the chat's root. True the first
@@ -639,6 +692,43 @@ class Store:
             "UPDATE outbox SET state = 'failed', sent_at = ? WHERE address = ? AND state = 'pending'",
             (time.time(), address),
         )
+
+
+def mint_pairing_code(path: Path, code_digest: str, *, now: float, seconds: float) -> str:
+    """``iva status`` / ``iva check`` beside a running daemon (issue 24): an owner pairing code's
+    digest written into the state database at ``path`` in one short write transaction, when the
+    bot has no owner. Returns "minted", "owned" (an owner, or a daemon that never said it has
+    none: no code), or "schema" (not this Iva's schema yet). Raises :class:`sqlite3.Error`."""
+    conn = sqlite3.connect(path, timeout=1.0, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                return "schema"
+            meta = {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM people_meta")}
+            owned = conn.execute("SELECT 1 FROM people WHERE role = 'owner'").fetchone()
+            if owned is not None or meta.get("env_owners") != "0":
+                return "owned"
+            conn.execute("INSERT INTO pairing_codes (digest, kind, created_by, created_at, expires_at) "
+                         "VALUES (?, 'owner', NULL, ?, ?)", (code_digest, now, now + seconds))
+            conn.execute("COMMIT")
+            return "minted"
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    finally:
+        conn.close()
+
+
+def people_meta(path: Path) -> dict[str, str]:
+    """What the daemon wrote down for ``iva status`` (the bot's username), read-only."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=1.0)
+    try:
+        return {str(k): str(v) for k, v in conn.execute("SELECT key, value FROM people_meta")}
+    finally:
+        conn.close()
 
 
 class SchemaMismatch(Exception):

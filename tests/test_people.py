@@ -88,6 +88,9 @@ async def test_the_first_opener_of_the_link_is_the_owner_once_and_after_a_restar
 async def test_an_expired_code_does_not_pair_and_the_next_start_makes_a_new_one(bare: Harness, tg: FakeTelegram):
     old = bare.pairing
     assert old is not None
+    await tg.message(f"/start {old}", user_id=ANN, chat_id=-1009, chat_type="supergroup")  # not in a group
+    await bare.settled()
+    assert tg.texts() == [] and people(bare) == {}
     age(bare, "UPDATE pairing_codes SET expires_at = created_at - 1")
     await start(tg, ANN, old)
     await bare.settled()

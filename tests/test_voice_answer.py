@@ -9,8 +9,8 @@ and prints fake OGG audio, fails, prints something else, or hangs with a helper.
 from __future__ import annotations
 
 import json
-import shutil
 import shlex
+import shutil
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path

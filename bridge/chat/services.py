@@ -122,6 +122,6 @@ class Services:
         transitions = Transitions(store, queue, notebook)
         return cls(settings=settings, eve=eve_client, store=store, queue=queue, transitions=transitions,
                    sender=sender, outbox=Outbox(store, sender, transitions), spawn=spawn,
-                   people=People(store.db, settings), notebook=notebook,
+                   people=People(store, settings), notebook=notebook,
                    rebuilder=rebuilder if notebook is not None else None,
                    window=ContextWindow(settings.context_window))
