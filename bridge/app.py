@@ -32,6 +32,7 @@ from .http import Listener
 from .ingest import Ingest
 from .metrics import METRICS
 from .notebook import McpServer, Notebook, NotebookConfig, OwnerApi, PressureTexts, Rebuilder
+from .people import PAIRING_SECONDS, link
 from .push.api import PushApi
 from .push.reminders import Reminders
 from .push.turns import Pushes
@@ -108,6 +109,9 @@ class Bridge:
                 BotCommand(command="status", description=t("cmd_status", lang)),
                 BotCommand(command="reminders", description=t("cmd_reminders", lang)),
                 *([BotCommand(command="notes", description=t("cmd_notes", lang))] if self.settings.notes_enabled else []),
+                BotCommand(command="topic", description=t("cmd_topic", lang)),
+                BotCommand(command="invite", description=t("cmd_invite", lang)),
+                BotCommand(command="users", description=t("cmd_users", lang)),
                 BotCommand(command="help", description=t("cmd_help", lang)),
             ]
             try:
@@ -159,6 +163,13 @@ class Bridge:
             services = Services.build(settings=s, eve_client=client, store=store, queue=queue, sender=sender,
                                       spawn=self.spawn, notebook=notebook, rebuilder=rebuilder)
             requeued = await services.transitions.repair_at_start()
+            pairing = await services.people.start_pairing(me.username)
+            if pairing is not None:
+                # P1: no owner yet. The link is the way in; it goes to the log (the journal), and
+                # `iva status` / `iva check` make another while this one waits.
+                logger.warning("pairing_link", link=link(me.username, pairing), code=pairing,
+                               expires_in_s=int(PAIRING_SECONDS),
+                               hint="open the link in Telegram: whoever opens it first becomes the bot's owner")
             structlog.contextvars.clear_contextvars()
             logger.info("bridge_starting", bot=me.username, policy=s.turn_policy, state=str(s.db_path),
                         retention_days=s.retention_days,
@@ -193,7 +204,7 @@ class Bridge:
 
             if state.quarantined is not None:
                 # R5: the owners hear it from the bot itself, in their private chats.
-                for owner in sorted(s.owner_ids):
+                for owner in await services.people.owners():
                     self.spawn(sender.say(owner, None, t("state_quarantined", s.lang, path=str(state.quarantined))))
             recovered = await scheduler.recover()
             self.spawn(self._commands(bot))

@@ -26,6 +26,7 @@ from . import log
 from .chat import parking
 from .config import DEFAULT_BUSY_TIMEOUT, ConfigError, Settings, state_dir_of
 from .http import OVERDUE_FACTOR
+from .people import pairing_note
 from .sender import undecodable
 from .store import SchemaMismatch, read_status
 
@@ -45,6 +46,8 @@ async def _check(settings: Settings) -> int:
     try:
         me = await bot.get_me(request_timeout=10)
         print(f"ok   telegram: @{me.username} (id {me.id}) at {settings.telegram_api_url}")
+        if not settings.owner_ids and (note := pairing_note(settings.db_path, os.environ, username=me.username)):
+            print(f"note {note}")
     except TelegramUnauthorizedError:
         problems.append("telegram: the bot token was rejected (IVA_TELEGRAM_TOKEN)")
     except TelegramNetworkError as exc:
@@ -179,7 +182,8 @@ def _notebook_connection(settings: Settings, raw: object) -> list[str]:
 
 
 def _status(args: argparse.Namespace) -> int:
-    """``iva status``: the state database as the daemon left it, read-only (works while it runs)."""
+    """``iva status``: the state database as the daemon left it, read-only (works while it runs) —
+    but for one thing: while the bot has no owner, a fresh one-time pairing link (P1)."""
     path = state_dir_of(args.state or os.environ.get("IVA_STATE_DIR") or os.environ.get("STATE_DIRECTORY")) \
         / "iva.sqlite3"
     if not path.exists():
@@ -198,9 +202,12 @@ def _status(args: argparse.Namespace) -> int:
         quiet = chat["no_progress_for_s"]
         chat["overdue"] = bool(quiet is not None and not chat["waiting_on_person"]
                                and quiet > busy_timeout * OVERDUE_FACTOR)
+    note = pairing_note(path, os.environ)  # P1: no owner yet → a fresh link (the one write)
     if args.json:
-        print(json.dumps(snapshot, ensure_ascii=False, indent=2))
+        print(json.dumps({**snapshot, "pairing": note}, ensure_ascii=False, indent=2))
         return 0
+    if note is not None:
+        print(note, file=sys.stderr)  # beside the table, never in its lines
     print(f"{path}: {snapshot['chats_known']} chats, {snapshot['busy_chats']} busy, "
           f"{snapshot['queued']} messages waiting, {snapshot['replies_pending']} replies pending")
     _reminders(snapshot["reminders"])

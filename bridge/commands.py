@@ -1,4 +1,5 @@
-"""The bot's commands: /new, /compact, /stop, /status, /notes, /start, /help (M1-M8, N9, L*).
+"""The bot's commands: /new, /compact, /stop, /status, /notes, /start, /help (M1-M8, N9, L*), and
+the people's: a one-time link opened (``/start <code>``), /invite and /users (P1, P2).
 
 Ingest hands a command here after deciding who may talk; each command commits its dedupe mark
 (and its transition, for /new and /compact) before it answers, so a redelivered update does
@@ -11,13 +12,15 @@ import difflib
 import time
 from typing import TYPE_CHECKING
 
-from aiogram.types import Message
+from aiogram.exceptions import TelegramAPIError
+from aiogram.types import CallbackQuery, Message
 
 from . import log
 from .addressing import Address
 from .chat.services import Services
 from .chat.transitions import ChatState, state_of
-from .payloads import Kind, QueuedMessage, decode
+from .payloads import Kind, PeopleButton, QueuedMessage, decode
+from .people import Redeemed, Role, link
 from .push.chat import pressed, reminders_command
 from .texts import number, t
 
@@ -51,14 +54,24 @@ class Commands:
             return await self.stop(message, address, lang, key)
         if command == "reminders" and self.reminders is not None:
             return await reminders_command(self.s, self.reminders, message, address, lang, key)
+        if command == "invite":
+            return await self.invite(message, address, lang, key)
+        if command == "users":
+            return await self.users(message, address, lang, key)
+        if command == "topic":
+            return await self.topic(message, address, lang, key, args)
         s, addr = self.s, str(address)
-        owner = message.from_user is not None and message.from_user.id in s.settings.owner_ids
+        private = message.chat.type == "private"
+        # S7: in a group the eve session id (an internal) is never shown, even to an owner: the
+        # answer goes to the asker alone where Telegram allows it, and to the group where not.
+        owner = private and message.from_user is not None and await s.people.is_owner(message.from_user.id)
         text = await self.status_text(addr, lang, owner=owner) if command == "status" else t(command, lang)
         async with s.store.db.transaction():
             # The answer is on disk with the mark that says the update was handled.
             if not await s.queue.remember(addr, {"kind": "command", "command": command}, dedupe_key=key):
                 return "duplicate"
-            await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text)
+            await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
+                                  receiver=self._asker(message) if command == "status" else None)
         s.spawn(s.outbox.flush(addr))
         return "command"
 
@@ -95,26 +108,180 @@ class Commands:
             if not await s.queue.remember(addr, {"kind": "command", "command": "stop"}, dedupe_key=key):
                 return "duplicate"
             chat = await s.store.chat(addr)
+            receiver = self._asker(message)  # S7: what only the asker needs, to them alone
             if chat is None or not chat.busy:
                 text = t("stop_nothing", lang)
-            elif not (message.chat.type == "private" or user in s.settings.owner_ids
+            elif not (message.chat.type == "private" or await s.people.is_owner(user)
                       or (chat.kind is Kind.TURN and user in await self._askers(addr))):
                 text = t("stop_not_yours", lang)
             else:
                 stopped = await s.transitions.want_stop(addr)
                 text = t("stop_compaction" if chat.kind is Kind.COMPACT else "stop_done", lang)
+                receiver = None  # a stop is everyone's news
             await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
-                                  reply_to=message.message_id)
+                                  reply_to=message.message_id, receiver=receiver)
         logger.info("stop_asked", stopped=stopped is not None, user_id=user)
         s.spawn(s.outbox.flush(addr))
         if stopped is not None:
             self.scheduler.wake(addr)
         return "command"
 
+    @staticmethod
+    def _asker(message: Message) -> int | None:
+        """In a group, the person an answer for them alone goes to (S7); None in private."""
+        if message.chat.type == "private" or message.from_user is None:
+            return None
+        return message.from_user.id
+
     async def _askers(self, address: str) -> set[int]:
         """The people whose messages the running turn answers."""
         return {m.user_id for m in (decode(r.payload) for r in await self.s.queue.inflight(address))
                 if isinstance(m, QueuedMessage)}
+
+    # -- people: a one-time link, /invite, /users (P1, P2) ------------------------------------
+
+    async def redeem(self, message: Message, address: Address, lang: str, key: str, code: str) -> str:
+        """``/start <code>`` in a private chat, from anyone: the code, its dedupe mark and the
+        answer commit together (a crash before the answer is sent sends it at the restart; the
+        redelivered update is a duplicate, never a second use). Too many wrong codes: silence."""
+        addr, s = str(address), self.s
+        assert message.from_user is not None
+        user = message.from_user
+        async with s.store.db.transaction():
+            if not await s.queue.remember(addr, {"kind": "pairing"}, dedupe_key=key):
+                return "duplicate"
+            outcome = await s.people.redeem(user.id, user.full_name, code.split()[0])
+            text = {Redeemed.OWNER: "pair_owner", Redeemed.ALLOWED: "pair_allowed", Redeemed.ALREADY: "pair_already",
+                    Redeemed.INVALID: "pair_invalid"}.get(outcome)
+            if text is not None:
+                await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", t(text, lang),
+                                      reply_to=message.message_id)
+        logger.info("pairing_code_used", user_id=user.id, outcome=str(outcome))
+        if text is not None:
+            s.spawn(s.outbox.flush(addr))
+        return f"pairing_{outcome}"
+
+    async def _owner_answer(self, message: Message, address: Address, key: str, text: str, *,
+                            markup: object = None) -> str:
+        """An answer committed with the command's dedupe mark, as for /status; in a group, to the
+        asker alone where Telegram allows it (S7)."""
+        addr, s = str(address), self.s
+        async with s.store.db.transaction():
+            if not await s.queue.remember(addr, {"kind": "command"}, dedupe_key=key):
+                return "duplicate"
+            await s.store.put_outgoing(addr, f"re:{key}", address.chat_id, address.thread_id, text, format="plain",
+                                       reply_to=message.message_id, markup=markup, receiver=self._asker(message))
+        s.spawn(s.outbox.flush(addr))
+        return "command"
+
+    async def invite(self, message: Message, address: Address, lang: str, key: str) -> str:
+        """P2: an owner gets a one-time link that lets one more person talk (IVA_INVITE_HOURS);
+        in private only — a link shown in a group is anyone's."""
+        s = self.s
+        assert message.from_user is not None
+        if not await s.people.is_owner(message.from_user.id):
+            return await self._owner_answer(message, address, key, t("owner_only", lang))
+        if message.chat.type != "private":
+            return await self._owner_answer(message, address, key, t("invite_private_only", lang))
+        hours = s.settings.invite_hours
+        username = (await s.sender.bot.me()).username
+        addr = str(address)
+        async with s.store.db.transaction():
+            if not await s.queue.remember(addr, {"kind": "command", "command": "invite"}, dedupe_key=key):
+                return "duplicate"
+            code = await s.people.mint(Role.ALLOWED, created_by=message.from_user.id, seconds=hours * 3600.0)
+            await s.store.put_outgoing(addr, f"re:{key}", address.chat_id, address.thread_id,
+                                       t("invite_link", lang, hours=hours, link=link(username, code)),
+                                       format="plain", reply_to=message.message_id)
+        logger.info("invite_made", by=message.from_user.id, hours=hours)
+        s.spawn(s.outbox.flush(addr))
+        return "command"
+
+    async def users(self, message: Message, address: Address, lang: str, key: str) -> str:
+        """P2: the owners and allowed people, each of the database's with a remove button (the
+        settings' ones are listed, not removable; nobody removes themselves)."""
+        s = self.s
+        assert message.from_user is not None
+        me = message.from_user.id
+        if not await s.people.is_owner(me):
+            return await self._owner_answer(message, address, key, t("owner_only", lang))
+        if message.chat.type != "private":  # who may talk is nobody else's business (S7)
+            return await self._owner_answer(message, address, key, t("users_private_only", lang))
+        lines, rows = [t("users_header", lang)], []
+        for person in await s.people.everyone():
+            name = person.name or str(person.user_id)
+            notes = [t("users_owner" if person.role is Role.OWNER else "users_allowed", lang)]
+            if person.from_env:
+                notes.append(t("users_env", lang))
+            if person.user_id == me:
+                notes.append(t("users_you", lang))
+            lines.append(f"• {name} ({person.user_id}) — {', '.join(notes)}")
+            if not person.from_env and person.user_id != me:
+                rows.append([{"text": t("users_remove", lang, name=name[:40]),
+                              "callback_data": PeopleButton(person.user_id).encode()}])
+        return await self._owner_answer(message, address, key, "\n".join(lines), markup=rows or None)
+
+    async def people_button(self, query: CallbackQuery, lang: str) -> tuple[str, str | None]:
+        """A /users remove button pressed: an owner's press removes (once, whatever Telegram
+        redelivers); anyone else's is refused. Returns (outcome, the press's answer)."""
+        s = self.s
+        button = PeopleButton.parse(query.data)
+        assert button is not None
+        if not await s.people.is_owner(query.from_user.id):
+            return "refused", t("owner_only", lang)
+        chat_id = query.message.chat.id if query.message is not None else query.from_user.id
+        addr = str(Address(chat_id))
+        async with s.store.db.transaction():
+            if not await s.queue.remember(addr, {"kind": "people", "remove": button.user_id},
+                                          dedupe_key=f"cb:{query.id}"):
+                return "duplicate", None
+            person = next((p for p in await s.people.everyone() if p.user_id == button.user_id), None)
+            removed = button.user_id != query.from_user.id and await s.people.remove(button.user_id)
+            if removed:
+                name = (person.name if person is not None else "") or str(button.user_id)
+                await s.outbox.say_to(addr, chat_id, None, f"rm:{query.id}", t("users_removed", lang, name=name),
+                                      markdown=False)
+        logger.info("person_removed" if removed else "person_remove_refused", user_id=button.user_id,
+                    by=query.from_user.id)
+        if removed:
+            s.spawn(s.outbox.flush(addr))
+            return "person_removed", "✓"
+        return "refused", t("users_gone", lang)
+
+    # -- /topic (P3) ---------------------------------------------------------------------------
+
+    async def topic(self, message: Message, address: Address, lang: str, key: str, args: str) -> str:
+        """``/topic <title>``: a new topic of the private chat, its own conversation (session,
+        queue, notebook), greeted inside; at most once per update (the mark commits before
+        Telegram is asked: a crash in between opens nothing, and the person asks again)."""
+        s, addr = self.s, str(address)
+        if message.chat.type != "private":
+            return await self._owner_answer(message, address, key, t("topic_private_only", lang))
+        if not (await s.sender.bot.me()).has_topics_enabled:
+            return await self._owner_answer(message, address, key, t("topics_off", lang))
+        title = " ".join(args.split())[:128] or t("topic_default", lang)
+        if not await s.queue.remember(addr, {"kind": "command", "command": "topic"}, dedupe_key=key):
+            return "duplicate"
+        try:
+            opened = await s.sender.bot.create_forum_topic(chat_id=address.chat_id, name=title)
+        except TelegramAPIError as exc:
+            logger.warning("topic_open_failed", error=exc.message[:200])
+            async with s.store.db.transaction():
+                await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}",
+                                      t("topic_failed", lang, reason=exc.message[:200]), markdown=False)
+            s.spawn(s.outbox.flush(addr))
+            return "command"
+        topic = Address(address.chat_id, opened.message_thread_id)
+        async with s.store.db.transaction():
+            await s.transitions.touch(str(topic), topic.chat_id, topic.thread_id, lang)
+            await s.outbox.say_to(str(topic), topic.chat_id, topic.thread_id, f"hello:{key}",
+                                  t("topic_hello", lang, title=title), markdown=False)
+            await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}",
+                                  t("topic_opened", lang, title=title), reply_to=message.message_id, markdown=False)
+        logger.info("topic_opened", topic=str(topic))
+        s.spawn(s.outbox.flush(str(topic)))
+        s.spawn(s.outbox.flush(addr))
+        return "command"
 
     # -- /compact ---------------------------------------------------------------------------
 
@@ -199,7 +366,7 @@ class Commands:
             return "duplicate"
         notebook = s.notebook
         assert message.from_user is not None
-        owner = message.from_user.id in s.settings.owner_ids
+        owner = await s.people.is_owner(message.from_user.id)
         if notebook is None:
             text = t("notes_off", lang)
         elif not owner:
@@ -209,15 +376,20 @@ class Commands:
         else:
             text = await self._notebook_text(addr, lang)
         if message.chat.type != "private" and notebook is not None and owner:
-            # A group's notebook is the owner's business: it goes to the owner's private chat.
+            # A group's notebook is the owner's business: shown to them alone in the group (S7),
+            # or, where Telegram will not, in the owner's private chat.
             s.spawn(self._notes_privately(message, address, lang, text))
             return "command"
         # Plain text: a note is shown as written, and a diff's "-"/"+" lines are not list bullets.
-        s.spawn(s.sender.say(address.chat_id, address.thread_id, text, reply_to=message.message_id, markdown=False))
+        s.spawn(s.sender.say(address.chat_id, address.thread_id, text, reply_to=message.message_id, markdown=False,
+                             receiver=self._asker(message)))
         return "command"
 
     async def _notes_privately(self, message: Message, address: Address, lang: str, text: str) -> None:
         assert message.from_user is not None
+        if await self.s.sender.say(address.chat_id, address.thread_id, text, reply_to=message.message_id,
+                                   markdown=False, receiver=message.from_user.id, fallback=False):
+            return
         title = message.chat.title or str(address.chat_id)
         sent = await self.s.sender.say(message.from_user.id, None, f"{title}\n{text}", markdown=False)
         note = t("notes_sent_privately" if sent else "notes_start_private", lang)

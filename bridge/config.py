@@ -33,6 +33,8 @@ DEFAULT_WEBHOOK_LISTEN = "127.0.0.1:8443"  # webhook mode (O1): TLS is the rever
 DEFAULT_MAX_FILE_MB = 20  # the Bot API's getFile limit
 DEFAULT_RETENTION_DAYS = 14
 DEFAULT_TRANSCRIBE_TIMEOUT = 60.0
+DEFAULT_SPEAK_TIMEOUT = 60.0
+DEFAULT_INVITE_HOURS = 24  # how long an /invite link stays good (P2)
 
 _TOKEN_SECRET = re.compile(r"[A-Za-z0-9_-]+")
 _TOKEN_SECRET_MIN = 20  # BotFather's secrets are 35 characters; the fakes' are shorter
@@ -138,6 +140,11 @@ class Settings:
     voice: Literal["refuse", "file", "command"] = "refuse"
     transcribe_cmd: tuple[str, ...] = ()
     transcribe_timeout: float = DEFAULT_TRANSCRIBE_TIMEOUT
+    # Voice for voice (P1-P4, S7): the command that reads an answer's text on stdin and writes
+    # OGG/Opus on stdout, within the timeout; () = off.
+    speak_cmd: tuple[str, ...] = ()
+    speak_timeout: float = DEFAULT_SPEAK_TIMEOUT
+    invite_hours: int = DEFAULT_INVITE_HOURS
     log_level: str = "info"
     notes_enabled: bool = True
     notes_connection: str = "notebook"
@@ -269,9 +276,9 @@ class Settings:
             problems.append(problem)
         eve_url = url("IVA_EVE_URL", None)
         api_url = url("IVA_TELEGRAM_API_URL", DEFAULT_TELEGRAM_API_URL)
+        # Optional since P1: without it the first person to open the pairing link
+        # printed at start becomes the owner, kept in the state database.
         owners = ids("IVA_OWNER_IDS")
-        if not owners and get("IVA_OWNER_IDS") is None:
-            problems.append("IVA_OWNER_IDS is required: the Telegram user ids of the bot's owners")
         allowed = ids("IVA_ALLOWED_USER_IDS")
 
         streaming = (get("IVA_STREAMING") or "draft").lower()
@@ -294,6 +301,7 @@ class Settings:
         if voice == "command" and get("IVA_TRANSCRIBE_CMD") is None:
             problems.append("IVA_VOICE=command needs IVA_TRANSCRIBE_CMD: the command that prints a transcript "
                             "(the audio file's path is appended as its last argument)")
+        speak_cmd = command("IVA_SPEAK_CMD")
         state_dir = state_dir_of(get("IVA_STATE_DIR") or get("STATE_DIRECTORY"))
 
         listen = get("IVA_API_LISTEN") or DEFAULT_API_LISTEN
@@ -371,6 +379,8 @@ class Settings:
             max_file_mb=integer("IVA_MAX_FILE_MB", DEFAULT_MAX_FILE_MB, low=1, high=2000),
             retention_days=retention("IVA_RETENTION_DAYS"),
             transcribe_timeout=number("IVA_TRANSCRIBE_TIMEOUT", DEFAULT_TRANSCRIBE_TIMEOUT, low=1.0),
+            invite_hours=integer("IVA_INVITE_HOURS", DEFAULT_INVITE_HOURS, low=1, high=24 * 30),
+            speak_timeout=number("IVA_SPEAK_TIMEOUT", DEFAULT_SPEAK_TIMEOUT, low=1.0),
         )
         if problems:
             raise ConfigError(problems)
@@ -399,5 +409,6 @@ class Settings:
             tz=tz,
             voice=voice,  # type: ignore[arg-type]
             transcribe_cmd=transcribe_cmd,
+            speak_cmd=speak_cmd,
             **settings,  # type: ignore[arg-type]
         )

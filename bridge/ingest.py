@@ -35,7 +35,8 @@ from .commands import Commands
 from .describe import describe, quoted
 from .edits import commit_edit, edit_key, message_key
 from .metrics import METRICS
-from .payloads import Attachment, InputAnswer, PromptButton, QueuedMessage, Spoken
+from .payloads import Attachment, InputAnswer, PeopleButton, PromptButton, QueuedMessage, Spoken
+from .people import Role
 from .push.chat import button as reminder_button
 from .state import StateCorrupt, corrupt
 from .store import Chat
@@ -246,7 +247,7 @@ class Ingest:
         is): the running turn is stopped like /stop, durably; the partial answer stays, marked."""
         stopped = update.stopped_message_generation
         assert stopped is not None
-        if stopped.chat.type != "private" or not self.settings.may_talk(stopped.chat.id):
+        if stopped.chat.type != "private" or not await self.s.people.may_talk(stopped.chat.id):
             return "ignored"
         address = Address(stopped.chat.id, stopped.message_thread_id)
         if await self.store.chat(str(address)) is None:
@@ -274,7 +275,10 @@ class Ingest:
                 note = await self.commands.reminder_pressed(query, reminder, lang)
                 return "reminder"
             button = PromptButton.parse(query.data)
-            if button is None or not self.settings.may_talk(query.from_user.id):
+            if button is None and PeopleButton.parse(query.data) is not None:
+                outcome, note = await self.commands.people_button(query, lang)
+                return outcome
+            if button is None or not await self.s.people.may_talk(query.from_user.id):
                 return "ignored"
             prompt = await self.store.prompt(button.prompt_id)
             where = query.message.chat.id if query.message is not None else None
@@ -283,7 +287,7 @@ class Ingest:
                 note = t("input_closed", lang)
                 return "refused"
             user = query.from_user.id
-            if user not in self.settings.owner_ids and user not in json.loads(prompt["askers"] or "[]") \
+            if not await self.s.people.is_owner(user) and user not in json.loads(prompt["askers"] or "[]") \
                     and prompt["chat_id"] is not None:
                 note = t("input_not_yours", lang)
                 return "refused"
@@ -303,6 +307,16 @@ class Ingest:
             return "ignored"
         finally:
             self.spawn(self._answer_callback(query.id, note))
+            chat = query.message.chat if query.message is not None else None
+            if note not in (None, "✓") and chat is not None and chat.type != "private":
+                # S7: in a group a refusal is also shown to the presser alone, where Telegram
+                # allows it; never to the group (the press's own answer has said it already).
+                assert note is not None
+                pressed = query.message
+                thread = pressed.message_thread_id if isinstance(pressed, Message) and pressed.is_topic_message \
+                    and pressed.message_thread_id != 1 else None
+                self.spawn(self.sender.say(chat.id, thread, note, receiver=query.from_user.id,
+                                           callback_query_id=query.id, fallback=False, markdown=False))
 
     async def _answer_callback(self, query_id: str, note: str | None) -> None:
         try:
@@ -328,14 +342,19 @@ class Ingest:
         hold = not inbound.addressed and album is not None and not inbound.private
         if not inbound.addressed and not hold:
             return "not_addressed"
-        if not self.settings.may_talk(user.id):
-            logger.info("stranger_ignored", user_id=user.id)
-            return "stranger"
         lang = pick_lang(user.language_code, self.settings.lang)
         key = message_key(message.chat.id, message.message_id)
-        if inbound.command in ("compact", "notes", "start", "help", "status", "new", "stop", "reminders"):
+        if inbound.private and inbound.command == "start" and inbound.command_args:
+            # A one-time link opened (P1, P2): the only thing a stranger is answered.
+            return await self.commands.redeem(message, address, lang, key, inbound.command_args)
+        role = await self.s.people.role(user.id)
+        if role is None:
+            logger.info("stranger_ignored", user_id=user.id)
+            return "stranger"
+        if inbound.command in ("compact", "notes", "start", "help", "status", "new", "stop", "invite", "users",
+                               "topic", "reminders"):
             return await self.commands.handle(inbound.command, message, address, lang, key, inbound.command_args)
-        prepared = self._prepare(message, inbound, user, lang)
+        prepared = self._prepare(message, inbound, user, lang, owner=role is Role.OWNER)
         if isinstance(prepared, str) and not hold:
             return await self._refuse(address, key, message.message_id, prepared)
         if hold:
@@ -383,14 +402,15 @@ class Ingest:
                                                msg_id=message.message_id, edit_date=message.edit_date)
         if not inbound.addressed:
             return "not_addressed"
-        if not self.settings.may_talk(user.id):
+        role = await self.s.people.role(user.id)
+        if role is None:
             logger.info("stranger_ignored", user_id=user.id)
             return "stranger"
         if inbound.command is not None:
             logger.info("edited_command_ignored", command=inbound.command)
             return "edit_ignored"
         lang = pick_lang(user.language_code, self.settings.lang)
-        prepared = self._prepare(message, inbound, user, lang)
+        prepared = self._prepare(message, inbound, user, lang, owner=role is Role.OWNER)
         original = message_key(message.chat.id, message.message_id)
         if isinstance(prepared, str):
             key = f"{original}:e{message.edit_date or 0}"
@@ -436,7 +456,8 @@ class Ingest:
                 refused = True
         return refused
 
-    def _prepare(self, message: Message, inbound: Inbound, user: User, lang: str) -> QueuedMessage | str:
+    def _prepare(self, message: Message, inbound: Inbound, user: User, lang: str, *,
+                 owner: bool) -> QueuedMessage | str:
         """The message as it waits in the queue, or the short answer that refuses it (T8)."""
         attachment = self._attachment(message) or self._spoken(message, self.settings.voice)
         # A recording or video we do not take is refused even with a caption: it is never dropped
@@ -463,7 +484,7 @@ class Ingest:
             message_id=message.message_id,
             user_id=user.id,
             user_name=user.full_name,
-            owner=user.id in self.settings.owner_ids,
+            owner=owner,
             private=inbound.private,
             date=int(message.date.timestamp()) if message.date else None,
             album=message.media_group_id,

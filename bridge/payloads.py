@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Attachment", "InputAnswer", "Kind", "Origin", "PromptButton", "PushedTurn", "Queued", "QueuedMessage",
-           "Reply", "Spoken", "decode"]
+__all__ = ["Attachment", "InputAnswer", "Kind", "Origin", "PeopleButton", "PromptButton", "PushedTurn", "Queued",
+           "QueuedMessage", "Reply", "Spoken", "decode"]
 
 
 class Kind(enum.StrEnum):
@@ -240,3 +240,23 @@ class PromptButton:
         if prefix != cls.PREFIX or not prompt_id.isdigit() or not index.isdigit():
             return None
         return cls(int(prompt_id), int(index))
+
+
+@dataclass(frozen=True, slots=True)
+class PeopleButton:
+    """The callback data of a /users remove button: ``pp:rm:<user id>`` (P1-P4, S7)."""
+
+    user_id: int
+
+    PREFIX = "pp:rm"
+
+    def encode(self) -> str:
+        return f"{self.PREFIX}:{self.user_id}"
+
+    @classmethod
+    def parse(cls, data: str | None) -> PeopleButton | None:
+        """The button, or None for anything that is not one (never raises)."""
+        head, _, user = (data or "").rpartition(":")
+        if head != cls.PREFIX or not user.isdigit():
+            return None
+        return cls(int(user))

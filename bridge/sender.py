@@ -24,6 +24,7 @@ from aiogram.exceptions import (
     TelegramServerError,
 )
 from aiogram.types import (
+    EphemeralMessageParameters,
     InlineKeyboardButton,
     InlineKeyboardMarkup,
     LinkPreviewOptions,
@@ -36,7 +37,7 @@ from .metrics import METRICS
 from .render import Chunk, render
 from .store import Outgoing, Store
 
-__all__ = ["ChatGone", "Sender", "Typing", "undecodable"]
+__all__ = ["ChatGone", "EphemeralRefused", "Sender", "TopicGone", "Typing", "topic_gone", "undecodable"]
 
 logger = log.get("bridge.sender")
 
@@ -54,6 +55,25 @@ def undecodable(exc: ClientDecodeError) -> str:
 
 class ChatGone(Exception):
     """The bot was blocked, kicked, or the chat (or topic) no longer exists."""
+
+
+class EphemeralRefused(Exception):
+    """Telegram would not show a message to one person alone (S7) and the caller wanted no
+    plain fallback."""
+
+
+class TopicGone(ChatGone):
+    """A send into a topic found it deleted or not there (a private chat's topic the person
+    deleted, a forum topic gone): the chat itself is still there (P1-P4, S7)."""
+
+
+_TOPIC_MARKERS = ("message thread not found", "topic_deleted", "topic not found", "topic_id_invalid")
+
+
+def topic_gone(description: str) -> bool:
+    """Whether Telegram's answer says the topic, not the chat, is gone."""
+    text = description.lower()
+    return any(marker in text for marker in _TOPIC_MARKERS)
 
 
 _GONE_MARKERS = ("chat not found", "bot was kicked", "user is deactivated", "message thread not found",
@@ -100,7 +120,8 @@ class Sender:
                 continue
             reply_to = out.reply_to if number == 0 else None
             markup = _keyboard(out.markup) if number == len(chunks) - 1 else None
-            message_id, chat_id = await self._send_chunk(chat_id, out.thread_id, chunk, reply_to, markup)
+            message_id, chat_id = await self._send_chunk(chat_id, out.thread_id, chunk, reply_to, markup,
+                                                         receiver=out.receiver)
             ids.append(message_id)
             self._unrecorded[out.id] = (number + 1, list(ids))
             METRICS.telegram_sent.inc()
@@ -113,12 +134,19 @@ class Sender:
 
     async def _send_chunk(
         self, chat_id: int, thread_id: int | None, chunk: Chunk, reply_to: int | None,
-        markup: InlineKeyboardMarkup | None = None,
+        markup: InlineKeyboardMarkup | None = None, *, receiver: int | None = None,
+        callback_query_id: str | None = None, fallback: bool = True,
     ) -> tuple[int, int]:
+        """One part; with ``receiver`` in a group, ephemeral (S7: that person alone sees it) —
+        and where Telegram refuses that, plain (``fallback``) or :class:`EphemeralRefused`."""
         attempt = 0
+        ephemeral = None
+        if receiver is not None and chat_id < 0:
+            ephemeral = EphemeralMessageParameters(receiver_user_id=receiver, callback_query_id=callback_query_id)
         while True:
             try:
                 message = await self.bot.send_message(
+                    ephemeral_message_parameters=ephemeral,
                     chat_id=chat_id,
                     text=chunk.text,
                     entities=list(chunk.entities) or None,
@@ -156,8 +184,19 @@ class Sender:
                 raise ChatGone(exc.message) from exc
             except (TelegramBadRequest, TelegramNotFound) as exc:
                 text = exc.message.lower()
+                if thread_id is not None and topic_gone(text):
+                    raise TopicGone(exc.message) from exc
                 if any(marker in text for marker in _GONE_MARKERS):
                     raise ChatGone(exc.message) from exc
+                if ephemeral is not None:
+                    # S7: Telegram would not show it to the asker alone (an old client, a chat
+                    # that does not allow it): the group sees it, or the caller chooses.
+                    logger.info("telegram_ephemeral_refused", chat_id=chat_id, error=exc.message[:200],
+                                fallback=fallback)
+                    if not fallback:
+                        raise EphemeralRefused(exc.message) from exc
+                    ephemeral = None
+                    continue
                 if chunk.entities and ("entit" in text or "parse" in text):
                     logger.warning("telegram_entities_rejected", chat_id=chat_id, error=exc.message)
                     chunk = chunk.plain()
@@ -183,14 +222,23 @@ class Sender:
             logger.info("telegram_reaction_failed", chat_id=chat_id, error=str(exc))
 
     async def say(self, chat_id: int, thread_id: int | None, text: str, *, reply_to: int | None = None,
-                  markdown: bool = True) -> bool:
+                  markdown: bool = True, receiver: int | None = None, callback_query_id: str | None = None,
+                  fallback: bool = True) -> bool:
         """An immediate, non-durable answer (help, status): one try with the same fallbacks.
-        False when Telegram would not deliver it (blocked, never started, gone)."""
+        False when Telegram would not deliver it (blocked, never started, gone), or would not
+        show it to ``receiver`` alone and ``fallback`` is off."""
         try:
             for chunk in render(text, markdown=markdown):
-                await self._send_chunk(chat_id, thread_id, chunk, reply_to)
+                try:
+                    await self._send_chunk(chat_id, thread_id, chunk, reply_to, receiver=receiver,
+                                           callback_query_id=callback_query_id, fallback=fallback)
+                except TopicGone as exc:  # the topic went: the chat's root has it, once
+                    logger.info("telegram_say_topic_gone", chat_id=chat_id, thread_id=thread_id, error=str(exc))
+                    thread_id = None
+                    await self._send_chunk(chat_id, None, chunk, None, receiver=receiver,
+                                           callback_query_id=callback_query_id, fallback=fallback)
                 reply_to = None
-        except (ChatGone, TelegramBadRequest) as exc:
+        except (ChatGone, TelegramBadRequest, EphemeralRefused) as exc:
             logger.info("telegram_say_failed", chat_id=chat_id, error=str(exc))
             return False
         return True

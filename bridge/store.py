@@ -22,9 +22,9 @@ from diskqueue import Database
 from .payloads import Kind, Origin
 
 __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "Outgoing",
-           "SchemaMismatch", "Store", "read_status"]
+           "SchemaMismatch", "Store", "mint_pairing_code", "people_meta", "read_status"]
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -189,6 +189,43 @@ _MIGRATIONS: dict[int, str] = {
         upto        INTEGER NOT NULL
     )
     """,
+    # People (P1-P3): who paired or was invited (beside the environment's ids), the
+    # pairing and invitation codes (only their SHA-256), the wrong guesses per person, a few
+    # facts `iva status` reads (the bot's username), and the private topics found gone.
+    9: """
+    CREATE TABLE people (
+        user_id     INTEGER PRIMARY KEY,
+        role        TEXT    NOT NULL,
+        name        TEXT    NOT NULL DEFAULT '',
+        added_by    INTEGER,
+        added_at    REAL    NOT NULL
+    );
+    CREATE TABLE pairing_codes (
+        digest      TEXT    PRIMARY KEY,
+        kind        TEXT    NOT NULL,
+        created_by  INTEGER,
+        created_at  REAL    NOT NULL,
+        expires_at  REAL    NOT NULL,
+        used_by     INTEGER,
+        used_at     REAL
+    );
+    CREATE TABLE pairing_misses (
+        user_id     INTEGER PRIMARY KEY,
+        misses      INTEGER NOT NULL,
+        first_at    REAL    NOT NULL,
+        locked_until REAL
+    );
+    CREATE TABLE people_meta (
+        key         TEXT PRIMARY KEY,
+        value       TEXT NOT NULL
+    );
+    CREATE TABLE topics_gone (
+        address     TEXT PRIMARY KEY,
+        reason      TEXT NOT NULL,
+        gone_at     REAL NOT NULL
+    );
+    ALTER TABLE outbox ADD COLUMN receiver INTEGER
+    """,
 }
 
 
@@ -295,6 +332,7 @@ class Outgoing:
     message_ids: tuple[int, ...]
     markup: Any = None  # inline keyboard rows: [[{"text", "callback_data"}]]
     created_at: float = 0.0
+    receiver: int | None = None  # S7: in a group, shown to this person alone where Telegram allows
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Outgoing:
@@ -311,6 +349,7 @@ class Outgoing:
             message_ids=tuple(json.loads(row["message_ids"])),
             markup=json.loads(row["markup"]) if row["markup"] else None,
             created_at=row["created_at"],
+            receiver=row["receiver"],
         )
 
 
@@ -438,6 +477,7 @@ class Store:
         format: str = "markdown",
         reply_to: int | None = None,
         markup: Any = None,
+        receiver: int | None = None,
     ) -> bool:
         """Queue a text to send; False when ``key`` was queued before (T7: replays send nothing).
 
@@ -445,10 +485,10 @@ class Store:
         it) becomes U+FFFD, so a model's broken emoji never costs the person the reply (F6)."""
         text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         rows = await self.db.fetchall(
-            "INSERT INTO outbox (address, key, chat_id, thread_id, text, format, reply_to, markup, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING RETURNING id",
+            "INSERT INTO outbox (address, key, chat_id, thread_id, text, format, reply_to, markup, created_at, "
+            "receiver) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING RETURNING id",
             (address, key, chat_id, thread_id, text, format, reply_to,
-             json.dumps(markup) if markup is not None else None, time.time()),
+             json.dumps(markup) if markup is not None else None, time.time(), receiver),
         )
         return bool(rows)
 
@@ -604,11 +644,115 @@ class Store:
         row = await self.db.fetchone("SELECT * FROM chats WHERE eve_session = ?", (session,))
         return Chat.from_row(row) if row else None
 
+    # -- people (P1-P4, S7): the paired and invited, their codes, wrong guesses ----------------
+
+    async def person(self, user_id: int) -> sqlite3.Row | None:
+        return await self.db.fetchone("SELECT * FROM people WHERE user_id = ?", (user_id,))
+
+    async def people(self, role: str | None = None) -> list[sqlite3.Row]:
+        """The people of the database (of one role), in the order they came."""
+        if role is None:
+            return await self.db.fetchall("SELECT * FROM people ORDER BY added_at, user_id")
+        return await self.db.fetchall("SELECT * FROM people WHERE role = ? ORDER BY added_at, user_id", (role,))
+
+    async def add_person(self, user_id: int, role: str, name: str, added_by: int | None, at: float) -> None:
+        await self.db.execute(
+            "INSERT INTO people (user_id, role, name, added_by, added_at) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (user_id) DO UPDATE SET role = excluded.role, name = excluded.name",
+            (user_id, role, name, added_by, at))
+
+    async def remove_person(self, user_id: int) -> int:
+        return await self.db.execute("DELETE FROM people WHERE user_id = ?", (user_id,))
+
+    async def add_code(self, code_digest: str, kind: str, created_by: int | None, at: float, expires: float) -> None:
+        await self.db.execute(
+            "INSERT INTO pairing_codes (digest, kind, created_by, created_at, expires_at) VALUES (?, ?, ?, ?, ?)",
+            (code_digest, kind, created_by, at, expires))
+
+    async def live_codes(self, now: float) -> list[sqlite3.Row]:
+        """Codes not used and not expired at ``now``: digest, kind, created_by."""
+        return await self.db.fetchall(
+            "SELECT digest, kind, created_by FROM pairing_codes WHERE used_by IS NULL AND expires_at > ?", (now,))
+
+    async def use_code(self, code_digest: str, user_id: int, at: float) -> None:
+        await self.db.execute("UPDATE pairing_codes SET used_by = ?, used_at = ? WHERE digest = ?",
+                              (user_id, at, code_digest))
+
+    async def drop_unused_codes(self, kind: str) -> None:
+        await self.db.execute("DELETE FROM pairing_codes WHERE kind = ? AND used_by IS NULL", (kind,))
+
+    async def set_people_meta(self, key: str, value: str) -> None:
+        await self.db.execute("INSERT INTO people_meta (key, value) VALUES (?, ?) "
+                              "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
+
+    async def pairing_misses(self, user_id: int) -> sqlite3.Row | None:
+        return await self.db.fetchone("SELECT * FROM pairing_misses WHERE user_id = ?", (user_id,))
+
+    async def record_misses(self, user_id: int, misses: int, first_at: float, locked_until: float | None) -> None:
+        await self.db.execute(
+            "INSERT INTO pairing_misses (user_id, misses, first_at, locked_until) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (user_id) DO UPDATE SET misses = excluded.misses, first_at = excluded.first_at, "
+            "locked_until = excluded.locked_until", (user_id, misses, first_at, locked_until))
+
+    async def clear_misses(self, user_id: int) -> None:
+        await self.db.execute("DELETE FROM pairing_misses WHERE user_id = ?", (user_id,))
+
+    async def topic_gone(self, address: str, reason: str) -> bool:
+        """A topic found deleted or not there (P1-P4, S7): remembered, and from now on the
+        address's pending replies and its record's sends go to the chat's root. True the first
+        time (the person is told once), False when it was known."""
+        async with self.db.transaction():
+            fresh = bool(await self.db.fetchall(
+                "INSERT INTO topics_gone (address, reason, gone_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (address) DO NOTHING RETURNING address", (address, reason[:200], time.time())))
+            await self.db.execute("UPDATE outbox SET thread_id = NULL WHERE address = ? AND state = 'pending'",
+                                  (address,))
+            await self.db.execute("UPDATE chats SET thread_id = NULL, updated_at = ? WHERE address = ?",
+                                  (time.time(), address))
+        return fresh
+
     async def fail_outgoing_of_address(self, address: str) -> int:
         return await self.db.execute(
             "UPDATE outbox SET state = 'failed', sent_at = ? WHERE address = ? AND state = 'pending'",
             (time.time(), address),
         )
+
+
+def mint_pairing_code(path: Path, code_digest: str, *, now: float, seconds: float) -> str:
+    """``iva status`` / ``iva check`` beside a running daemon (P1-P4, S7): an owner pairing code's
+    digest written into the state database at ``path`` in one short write transaction, when the
+    bot has no owner. Returns "minted", "owned" (an owner, or a daemon that never said it has
+    none: no code), or "schema" (not this Iva's schema yet). Raises :class:`sqlite3.Error`."""
+    conn = sqlite3.connect(path, timeout=1.0, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                return "schema"
+            meta = {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM people_meta")}
+            owned = conn.execute("SELECT 1 FROM people WHERE role = 'owner'").fetchone()
+            if owned is not None or meta.get("env_owners") != "0":
+                return "owned"
+            conn.execute("INSERT INTO pairing_codes (digest, kind, created_by, created_at, expires_at) "
+                         "VALUES (?, 'owner', NULL, ?, ?)", (code_digest, now, now + seconds))
+            conn.execute("COMMIT")
+            return "minted"
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    finally:
+        conn.close()
+
+
+def people_meta(path: Path) -> dict[str, str]:
+    """What the daemon wrote down for ``iva status`` (the bot's username), read-only."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=1.0)
+    try:
+        return {str(k): str(v) for k, v in conn.execute("SELECT key, value FROM people_meta")}
+    finally:
+        conn.close()
 
 
 class SchemaMismatch(Exception):

@@ -220,6 +220,61 @@ _TEXTS: dict[str, dict[Lang, str]] = {
     "reminders_cancel": {"en": "✖ {what}", "ru": "✖ {what}"},
     "reminder_cancelled": {"en": "Reminder cancelled.", "ru": "Напоминание отменено."},
     "reminder_gone": {"en": "This reminder is already gone.", "ru": "Этого напоминания уже нет."},
+    # -- people (pairing, invitations, /users: P1, P2) -------------------------------------
+    "pair_owner": {
+        "en": ("You are my owner now. Just write to me.\n\n/invite makes a one-time link for another person; "
+               "/users shows who may talk to me."),
+        "ru": ("Теперь вы мой владелец. Просто пишите.\n\n/invite — одноразовая ссылка для другого человека; "
+               "/users — кто может со мной говорить."),
+    },
+    "pair_allowed": {
+        "en": "Welcome! You can talk to me now — just write.\n\n/help shows what I can do.",
+        "ru": "Добро пожаловать! Теперь можно со мной говорить — просто пишите.\n\n/help — что я умею.",
+    },
+    "pair_already": {"en": "You can already talk to me — just write.",
+                     "ru": "Вы уже можете со мной говорить — просто пишите."},
+    "pair_invalid": {
+        "en": "This link does not work: it was used already, or it expired. Ask for a new one.",
+        "ru": "Эта ссылка не работает: ею уже воспользовались, или её срок истёк. Попросите новую.",
+    },
+    "cmd_invite": {"en": "A one-time link for another person", "ru": "Одноразовая ссылка для другого человека"},
+    "cmd_users": {"en": "Who may talk to me", "ru": "Кто может со мной говорить"},
+    "owner_only": {"en": "Only an owner can do this.", "ru": "Это может только владелец."},
+    "invite_link": {
+        "en": ("A one-time link for one person, good for {hours} h:\n{link}\n\nWhoever opens it first can talk "
+               "to me; /users shows who can, and removes."),
+        "ru": ("Одноразовая ссылка для одного человека, действует {hours} ч:\n{link}\n\nКто откроет её первым, "
+               "сможет со мной говорить; /users — кто может, и удаление."),
+    },
+    "invite_private_only": {"en": "I give invitation links in private only: send /invite to me there.",
+                            "ru": "Ссылки-приглашения даю только в личке: отправьте /invite мне туда."},
+    "users_header": {"en": "Who may talk to me:", "ru": "Кто может со мной говорить:"},
+    "users_owner": {"en": "owner", "ru": "владелец"},
+    "users_allowed": {"en": "allowed", "ru": "допущен"},
+    "users_env": {"en": "from the settings, not removable here", "ru": "из настроек, здесь не удалить"},
+    "users_you": {"en": "you", "ru": "вы"},
+    "users_remove": {"en": "Remove {name}", "ru": "Убрать {name}"},
+    "users_removed": {"en": "{name} can no longer talk to me.", "ru": "{name} больше не может со мной говорить."},
+    "users_gone": {"en": "Already removed.", "ru": "Уже удалён."},
+    "users_private_only": {"en": "I list who may talk to me in private only: send /users to me there.",
+                           "ru": "Кто может со мной говорить, показываю только в личке: отправьте /users мне туда."},
+    # -- topics in private chats (P1-P4, S7) ---------------------------------------------------
+    "cmd_topic": {"en": "Open a new conversation as a topic", "ru": "Открыть новый разговор темой"},
+    "topic_opened": {"en": "Opened the topic “{title}”: a conversation of its own. Write there.",
+                     "ru": "Открыла тему «{title}» — отдельный разговор. Пишите туда."},
+    "topic_hello": {"en": "A new conversation: “{title}”. /new, /compact, /status, /stop and /notes here act "
+                          "on this topic only.",
+                    "ru": "Новый разговор: «{title}». /new, /compact, /status, /stop и /notes здесь действуют "
+                          "только на эту тему."},
+    "topic_default": {"en": "New conversation", "ru": "Новый разговор"},
+    "topics_off": {"en": "Topics are off for this bot: its owner can turn on topic mode in @BotFather.",
+                   "ru": "Темы у этого бота выключены: владелец может включить режим тем в @BotFather."},
+    "topic_private_only": {"en": "I open topics in our private chat only.",
+                           "ru": "Темы открываю только в нашей личной переписке."},
+    "topic_failed": {"en": "Telegram would not open the topic ({reason}).",
+                     "ru": "Telegram не открыл тему ({reason})."},
+    "topic_gone": {"en": "A topic of ours is gone, so I answer its messages here.",
+                   "ru": "Одной из наших тем больше нет, поэтому отвечаю на её сообщения здесь."},
 }
 
 

@@ -132,6 +132,7 @@ class Harness:
         self.reminders_loop = False
         self.pushes: Pushes | None = None
         self.reminders: Reminders | None = None
+        self.pairing: str | None = None
 
     @property
     def s(self) -> Services:
@@ -168,6 +169,8 @@ class Harness:
                              spawn=self.spawn)
         self.reminders = Reminders(db, store, self.pushes, default_tz=self.settings.tz, clock=lambda: self.wall())
         me = await bot.get_me()
+        # Issue 24: with no owner in the settings, the pairing code this start printed.
+        self.pairing = await self.services.people.start_pairing(me.username)
         ingest = Ingest(services=self.services, me=me, scheduler=self.scheduler,
                         commands=Commands(self.services, self.scheduler, self.reminders))
         self.ingest = self.spawn(ingest.run())

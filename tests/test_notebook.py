@@ -253,22 +253,31 @@ async def test_notes_command_lists_changes_since_the_last_look_and_shows_a_diff(
 
 
 async def test_notes_asked_in_a_group_go_to_the_owner_in_private(tg, fake_eve, nb_daemon):
-    """N9: a group's notebook is not posted in the group; the owner gets it in private, or is told
-    to open a private chat first."""
+    """N9, S7: a group's notebook is not posted in the group; the owner sees it there alone (an
+    ephemeral message) or, where Telegram will not show one, gets it in private, or is told to open
+    a private chat first."""
+    def public() -> list[str]:
+        return [p["text"] for p in tg.sent(GROUP) if not p.get("ephemeral_message_parameters")]
+
     await tg.message("hello", user_id=OWNER, chat_id=GROUP, chat_type="supergroup", reply_to_bot=True)
     await tg.wait_texts(1, chat_id=GROUP, timeout=30)
     await idle(tg, nb_daemon, str(GROUP))
     await api(nb_daemon, "PUT", f"/v1/chats/{GROUP}/notes/secret", {"body": "the plan", "description": "private"})
     await tg.message("/notes secret", user_id=OWNER, chat_id=GROUP, chat_type="supergroup")
+    await tg.wait_texts(2, chat_id=GROUP, timeout=20)
+    shown = tg.sent(GROUP)[-1]
+    assert shown["ephemeral_message_parameters"]["receiver_user_id"] == OWNER and "the plan" in shown["text"]
+    tg.refuse_ephemeral = "Bad Request: ephemeral messages are not allowed in this chat"
+    await tg.message("/notes secret", user_id=OWNER, chat_id=GROUP, chat_type="supergroup")
     await tg.wait_texts(1, chat_id=OWNER, timeout=20)
     assert "the plan" in tg.texts(OWNER)[0]
-    await tg.wait_texts(2, chat_id=GROUP, timeout=20)
-    assert tg.texts(GROUP)[-1] == "I've sent you this chat's notebook in private."
-    assert not any("the plan" in text for text in tg.texts(GROUP))
-    tg.fail("sendMessage", 403, "Forbidden: bot can't initiate conversation with a user")
+    await tg.wait_for(lambda: len(public()) == 2, 20, "the note in the group")
+    assert public()[-1] == "I've sent you this chat's notebook in private."
+    assert not any("the plan" in text for text in public())
+    tg.fail("sendMessage", 403, "Forbidden: bot can't initiate conversation with a user", times=2)  # the try in the group, then private
     await tg.message("/notes", user_id=OWNER, chat_id=GROUP, chat_type="supergroup")
-    await tg.wait_texts(3, chat_id=GROUP, timeout=20)
-    assert tg.texts(GROUP)[-1].startswith("The notebook is only shown in private")
+    await tg.wait_for(lambda: len(public()) == 3, 20, "the note in the group")
+    assert public()[-1].startswith("The notebook is only shown in private")
 
 
 async def test_leaving_a_chat_deletes_its_notes(tg, fake_eve, nb_daemon):

@@ -31,7 +31,7 @@ from ..push import turns as pushed
 from ..sender import Typing
 from ..store import Chat, CompactPhase
 from ..texts import number, t
-from . import albums, draftids
+from . import albums, draftids, speak
 from .compaction import Answer, Compaction
 from .delivery import GONE, Lost, Unheard, send
 from .endings import lose, say_unheard
@@ -314,6 +314,7 @@ class BusyPeriod:
                     if self.typing is not None and event.finish_reason == "stop":
                         await self.typing.stop()  # never after the final send (LESSONS #12)
                     await s.outbox.flush(self.address)
+                    await speak.after_answer(s, self.address, chat.chat_id, chat.thread_id, text)  # P4
             case eve.TurnStarted() | eve.StepStarted():
                 if isinstance(event, eve.TurnStarted):
                     self.in_turn, self.turn_id = True, event.turn_id or self.turn_id

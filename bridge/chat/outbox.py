@@ -9,8 +9,9 @@ import asyncio
 from aiogram.exceptions import TelegramBadRequest
 
 from .. import log
-from ..sender import ChatGone, Sender
+from ..sender import ChatGone, Sender, TopicGone
 from ..store import Chat, Store
+from ..texts import t
 from .transitions import Transitions
 
 __all__ = ["Outbox"]
@@ -31,18 +32,31 @@ class Outbox:
                                       reply_to=reply_to)
 
     async def say_to(self, address: str, chat_id: int, thread_id: int | None, key: str, text: str, *,
-                     reply_to: int | None = None, markdown: bool = True) -> None:
+                     reply_to: int | None = None, markdown: bool = True, receiver: int | None = None) -> None:
         """A keyed answer to an address that may have no chat record yet (a command, a refusal):
         written in the caller's transaction with its dedupe mark, so an update marked handled has
-        its answer on disk (sent once, even across a crash)."""
+        its answer on disk (sent once, even across a crash). With ``receiver`` in a group, it is
+        shown to that person alone where Telegram allows it (S7), else to the group."""
         await self.store.put_outgoing(address, key, chat_id, thread_id, text,
-                                      format="markdown" if markdown else "plain", reply_to=reply_to)
+                                      format="markdown" if markdown else "plain", reply_to=reply_to,
+                                      receiver=receiver)
 
     async def flush(self, address: str) -> None:
         """Send what is pending for the address, in order; a chat that is gone is marked blocked."""
         lock = self._flushing.setdefault(address, asyncio.Lock())
         async with lock:
-            await self._flush(address)
+            for _ in range(3):  # a row written meanwhile may still name the topic: bounded
+                try:
+                    await self._flush(address)
+                    return
+                except TopicGone as exc:
+                    # P3: the topic is gone, the chat is not. Remembered; its replies go to
+                    # the chat's root from now on (one line says why, once), never into it again.
+                    logger.warning("topic_gone", reason=str(exc))
+                    chat = await self.store.chat(address)
+                    if await self.store.topic_gone(address, str(exc)) and chat is not None:
+                        await self.sender.say(chat.chat_id, None, t("topic_gone", chat.lang))
+            await self.transitions.mark_blocked(address, "the topic is gone")
 
     async def _flush(self, address: str) -> None:
         pending = await self.store.pending_outgoing(address)
@@ -55,6 +69,8 @@ class Outbox:
                 continue
             try:
                 await self.sender.deliver(out)
+            except TopicGone:
+                raise
             except ChatGone as exc:
                 logger.warning("chat_gone", reason=str(exc))
                 await self.transitions.mark_blocked(address, str(exc))

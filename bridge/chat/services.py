@@ -13,6 +13,7 @@ from eve_client import EveClient
 
 from ..config import Settings
 from ..notebook import Notebook, Rebuilder
+from ..people import People
 from ..sender import Sender
 from ..store import Store
 from . import parking
@@ -100,6 +101,7 @@ class Services:
     sender: Sender
     outbox: Outbox
     spawn: Callable[[Coroutine[Any, Any, Any]], object]
+    people: People  # who may talk: the settings' ids and the paired and invited (P1-P4, S7)
     notebook: Notebook | None = None
     rebuilder: Rebuilder | None = None
     window: ContextWindow = field(default_factory=ContextWindow)
@@ -119,6 +121,7 @@ class Services:
         notebook = notebook if notebook is not None and notebook.enabled else None
         transitions = Transitions(store, queue, notebook)
         return cls(settings=settings, eve=eve_client, store=store, queue=queue, transitions=transitions,
-                   sender=sender, outbox=Outbox(store, sender, transitions), spawn=spawn, notebook=notebook,
+                   sender=sender, outbox=Outbox(store, sender, transitions), spawn=spawn,
+                   people=People(store, settings), notebook=notebook,
                    rebuilder=rebuilder if notebook is not None else None,
                    window=ContextWindow(settings.context_window))

@@ -51,7 +51,7 @@ def reminders_text(reminders: list[Reminder], lang: str) -> tuple[str, list[list
 async def reminders_command(s: Services, reminders: Reminders, message: Message, address: Address, lang: str,
                             key: str) -> str:
     addr = str(address)
-    owner = message.from_user is not None and message.from_user.id in s.settings.owner_ids
+    owner = message.from_user is not None and await s.people.is_owner(message.from_user.id)
     if owner:
         text, rows = reminders_text(await reminders.active(addr), lang)
     else:
@@ -68,7 +68,7 @@ async def reminders_command(s: Services, reminders: Reminders, message: Message,
 
 async def pressed(s: Services, reminders: Reminders, query: CallbackQuery, reminder_id: str, lang: str) -> str:
     """A cancel button: only an owner may, only in the reminder's own chat. The note to show."""
-    if query.from_user.id not in s.settings.owner_ids:
+    if not await s.people.is_owner(query.from_user.id):
         return t("reminders_owner_only", lang)
     where = query.message.chat.id if query.message is not None else None
     thread = getattr(query.message, "message_thread_id", None) if query.message is not None else None

@@ -28,7 +28,8 @@ BOT_ID = 123456
 BOT_USERNAME = "iva_test_bot"
 
 _JSON_FIELDS = {"entities", "reply_parameters", "reaction", "commands", "reply_markup", "allowed_updates",
-                "link_preview_options", "scope", "caption_entities"}
+                "link_preview_options", "scope", "caption_entities",
+                "ephemeral_message_parameters"}
 _INT_FIELDS = {"chat_id", "message_id", "offset", "limit", "timeout", "message_thread_id", "user_id", "draft_id"}
 
 
@@ -86,6 +87,17 @@ class FakeTelegram:
         self.deliveries: list[tuple[int, int | None]] = []  # (update id, HTTP status or None: no answer)
         self.webhook_error: tuple[int, str] | None = None  # (unix time, message) of the last failure
         self._delivery: asyncio.Task[None] | None = None
+        # Topics in private chats (Bot API 9.3/9.4): the bot's topic mode (getMe's
+        # has_topics_enabled), the topics of each private chat (created by the bot with
+        # createForumTopic or by the person), and those deleted since.
+        self.private_topics_enabled = False
+        self.private_topics: dict[int, dict[int, str]] = {}  # chat id → {message_thread_id: name}
+        self.deleted_topics: set[tuple[int, int]] = set()
+        self._thread_ids = itertools.count(100)
+        # Ephemeral messages (Bot API 10.2): a group message shown to one person alone; with
+        # refuse_ephemeral set, Telegram answers 400 with that description instead.
+        self.refuse_ephemeral: str | None = None
+        self._ephemeral_ids = itertools.count(1)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -259,7 +271,10 @@ class FakeTelegram:
             "chat_instance": "ci",
             "data": button["callback_data"],
             "message": {"message_id": sent["_message_id"], "date": int(time.time()),
-                        "chat": {"id": int(sent["chat_id"]), "type": "private"}, "text": sent["text"]},
+                        "chat": {"id": int(sent["chat_id"]),
+                                 **({"type": "private"} if int(sent["chat_id"]) > 0
+                                    else {"type": "supergroup", "title": "Group"})},
+                        "text": sent["text"]},
         }
         await self.add_update({"callback_query": query})
         return query
@@ -322,7 +337,9 @@ class FakeTelegram:
             raw = dict(await request.post())
         params: dict[str, Any] = {}
         for key, value in raw.items():
-            if isinstance(value, str) and key in _JSON_FIELDS:
+            if isinstance(value, web.FileField):  # an upload (sendVoice): its bytes, as Telegram stores them
+                value = {"filename": value.filename, "content_type": value.content_type, "data": value.file.read()}
+            elif isinstance(value, str) and key in _JSON_FIELDS:
                 value = json.loads(value)
             elif isinstance(value, str) and key in _INT_FIELDS:
                 value = int(value)
@@ -413,8 +430,47 @@ class FakeTelegram:
                 "file_path": f"documents/{file_id}"}
 
     async def _m_getMe(self, _: dict[str, Any]) -> dict[str, Any]:
-        return {"id": BOT_ID, "is_bot": True, "first_name": "Iva", "username": BOT_USERNAME,
-                "can_join_groups": True, "can_read_all_group_messages": False, "supports_inline_queries": False}
+        me = {"id": BOT_ID, "is_bot": True, "first_name": "Iva", "username": BOT_USERNAME,
+              "can_join_groups": True, "can_read_all_group_messages": False, "supports_inline_queries": False}
+        if self.private_topics_enabled:
+            me["has_topics_enabled"] = True
+            me["allows_users_to_create_topics"] = True
+        return me
+
+    # -- topics in private chats (Bot API 9.3) ---------------------------------------------
+
+    def open_topic(self, chat_id: int, name: str) -> int:
+        """The person creates a topic in their private chat with the bot; its message_thread_id."""
+        assert self.private_topics_enabled, "the bot's topic mode is off"
+        thread = next(self._thread_ids)
+        self.private_topics.setdefault(chat_id, {})[thread] = name
+        return thread
+
+    def delete_topic(self, chat_id: int, thread_id: int) -> None:
+        """The person deletes a topic (with its messages): sends into it fail from now on."""
+        self.private_topics.get(chat_id, {}).pop(thread_id, None)
+        self.deleted_topics.add((chat_id, thread_id))
+
+    def _thread_problem(self, params: dict[str, Any]) -> Fault | None:
+        """A private chat's message_thread_id must name a topic that exists (Telegram: 400
+        "message thread not found"); groups are not checked here beyond the General topic."""
+        thread = params.get("message_thread_id")
+        if thread is None:
+            return None
+        chat_id, thread = int(params["chat_id"]), int(thread)
+        if chat_id > 0 and (not self.private_topics_enabled or thread not in self.private_topics.get(chat_id, {})):
+            return Fault(400, "Bad Request: message thread not found")
+        return None
+
+    async def _m_createForumTopic(self, params: dict[str, Any]) -> dict[str, Any] | Fault:
+        chat_id, name = int(params["chat_id"]), str(params.get("name") or "")
+        if not 1 <= len(name) <= 128:
+            return Fault(400, "Bad Request: TOPIC_TITLE_EMPTY" if not name else "Bad Request: TOPIC_TITLE_INVALID")
+        if chat_id > 0 and not self.private_topics_enabled:
+            return Fault(400, "Bad Request: the chat is not a forum")
+        thread = next(self._thread_ids)
+        self.private_topics.setdefault(chat_id, {})[thread] = name
+        return {"message_thread_id": thread, "name": name, "icon_color": 7322096}
 
     async def _m_getUpdates(self, params: dict[str, Any]) -> list[dict[str, Any]] | Fault:
         if self.webhook is not None:
@@ -447,6 +503,14 @@ class FakeTelegram:
             return Fault(403, "Forbidden: bot was blocked by the user")
         if params.get("message_thread_id") == 1:
             return Fault(400, "Bad Request: message thread not found")
+        if (problem := self._thread_problem(params)) is not None:
+            return problem
+        ephemeral = params.get("ephemeral_message_parameters")
+        if ephemeral:
+            if chat_id > 0:
+                return Fault(400, "Bad Request: ephemeral messages can be sent only to group chats")
+            if self.refuse_ephemeral is not None:
+                return Fault(400, self.refuse_ephemeral)
         text = params.get("text", "")
         if not text.strip():
             return Fault(400, "Bad Request: message text is empty")
@@ -454,6 +518,12 @@ class FakeTelegram:
             return Fault(400, "Bad Request: message is too long")
         message_id = next(self._message_ids)
         params["_message_id"] = message_id
+        if ephemeral:  # message_id 0; the ephemeral id names it, for its receiver alone
+            receiver = int(ephemeral["receiver_user_id"])
+            return {"message_id": 0, "ephemeral_message_id": next(self._ephemeral_ids), "date": int(time.time()),
+                    "chat": {"id": chat_id, "type": "supergroup", "title": "Group"}, "text": text,
+                    "from": {"id": BOT_ID, "is_bot": True, "first_name": "Iva"},
+                    "receiver_user": {"id": receiver, "is_bot": False, "first_name": "Ann"}}
         return {"message_id": message_id, "date": int(time.time()),
                 "chat": {"id": chat_id, "type": "private"}, "text": text,
                 "from": {"id": BOT_ID, "is_bot": True, "first_name": "Iva"}}
@@ -467,6 +537,8 @@ class FakeTelegram:
             return Fault(400, "Bad Request: draft_id must be non-zero")
         if len(str(params.get("text", "")).encode("utf-16-le")) // 2 > 4096:
             return Fault(400, "Bad Request: text is too long")
+        if (problem := self._thread_problem(params)) is not None:
+            return problem
         return True
 
     def drafts(self, chat_id: int | None = None) -> list[dict[str, Any]]:
@@ -481,6 +553,34 @@ class FakeTelegram:
         if thread_id is not None:
             stopped["message_thread_id"] = thread_id
         return await self.add_update({"stopped_message_generation": stopped})
+
+    async def _m_sendVoice(self, params: dict[str, Any]) -> dict[str, Any] | Fault:
+        """An OGG/Opus voice message (Telegram shows other audio as a file, or refuses it)."""
+        chat_id = int(params["chat_id"])
+        if chat_id in self.blocked_chats:
+            return Fault(403, "Forbidden: bot was blocked by the user")
+        if (problem := self._thread_problem(params)) is not None:
+            return problem
+        voice = params.get("voice")
+        if isinstance(voice, str) and voice.startswith("attach://"):  # the upload in its own part
+            voice = params.get(voice.removeprefix("attach://"))
+            params["voice"] = voice
+        data = voice.get("data", b"") if isinstance(voice, dict) else b""
+        if not data.startswith(b"OggS"):
+            return Fault(400, "Bad Request: VOICE_MESSAGES_FORBIDDEN" if not data else "Bad Request: wrong file type")
+        message_id = next(self._message_ids)
+        params["_message_id"] = message_id
+        file_id = f"voice-{message_id}"
+        self.files[file_id] = data
+        return {"message_id": message_id, "date": int(time.time()), "chat": {"id": chat_id, "type": "private"},
+                "from": {"id": BOT_ID, "is_bot": True, "first_name": "Iva"},
+                "voice": {"file_id": file_id, "file_unique_id": file_id, "duration": 1, "mime_type": "audio/ogg",
+                          "file_size": len(data)}}
+
+    def voices(self, chat_id: int | None = None) -> list[dict[str, Any]]:
+        """Every sendVoice that succeeded, in order (``voice["data"]``: the audio's bytes)."""
+        return [c.params for c in self.calls if c.method == "sendVoice" and c.params.get("_ok")
+                and (chat_id is None or c.params.get("chat_id") == chat_id)]
 
     async def _m_setMessageReaction(self, params: dict[str, Any]) -> bool:
         return True
