@@ -31,6 +31,8 @@ _TEXTS: dict[str, dict[Lang, str]] = {
             "/status — the conversation's state\n"
             "/notes — the notebook I keep for myself in this chat (owner only)\n"
             "/reminders — the reminders set in this chat, to cancel one (owner only)\n"
+            "/topic <title> — open another conversation as a topic of this chat (when topics are on)\n"
+            "/invite, /users — a one-time link for another person; who may talk to me (owner, in private)\n"
             "/help — this text"
         ),
         "ru": (
@@ -42,6 +44,8 @@ _TEXTS: dict[str, dict[Lang, str]] = {
             "/status — состояние разговора\n"
             "/notes — блокнот, который я веду для себя в этом чате (только владельцу)\n"
             "/reminders — напоминания этого чата, чтобы отменить (только владельцу)\n"
+            "/topic <название> — открыть ещё один разговор темой этого чата (если темы включены)\n"
+            "/invite, /users — одноразовая ссылка для другого человека; кто может со мной говорить (владельцу, в личке)\n"
             "/help — эта справка"
         ),
     },
