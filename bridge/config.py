@@ -32,6 +32,13 @@ DEFAULT_WEBHOOK_LISTEN = "127.0.0.1:8443"  # issue 15: TLS is the reverse proxy'
 DEFAULT_MAX_FILE_MB = 20  # the Bot API's getFile limit
 DEFAULT_RETENTION_DAYS = 14
 DEFAULT_TRANSCRIBE_TIMEOUT = 60.0
+# The pacer (docs/pacing.md): Telegram's documented flood limits, with a little room for the network.
+DEFAULT_SEND_RATE = 28.0  # messages a second overall (Telegram: about 30)
+DEFAULT_SEND_CHAT_BURST = 3  # messages at once to one private chat, then...
+DEFAULT_SEND_CHAT_RATE = 1.0  # ... this many a second (Telegram: about 1, short bursts allowed)
+DEFAULT_SEND_GROUP_PER_MINUTE = 20.0  # messages a minute to one group or forum (Telegram: 20)
+DEFAULT_DRAFT_RATE = 1.0  # live draft frames a second per chat, at most
+DEFAULT_DRAFT_TIMEOUT = 5.0  # seconds one draft frame may take before it is given up
 
 _TOKEN_SECRET = re.compile(r"[A-Za-z0-9_-]+")
 _TOKEN_SECRET_MIN = 20  # BotFather's secrets are 35 characters; the fakes' are shorter
@@ -137,6 +144,13 @@ class Settings:
     voice: Literal["refuse", "file", "command"] = "refuse"
     transcribe_cmd: tuple[str, ...] = ()
     transcribe_timeout: float = DEFAULT_TRANSCRIBE_TIMEOUT
+    # The pacer in front of every Bot API call that posts or edits a message (bridge/pacing.py).
+    send_rate: float = DEFAULT_SEND_RATE
+    send_chat_burst: int = DEFAULT_SEND_CHAT_BURST
+    send_chat_rate: float = DEFAULT_SEND_CHAT_RATE
+    send_group_per_minute: float = DEFAULT_SEND_GROUP_PER_MINUTE
+    draft_rate: float = DEFAULT_DRAFT_RATE
+    draft_timeout: float = DEFAULT_DRAFT_TIMEOUT
     log_level: str = "info"
     notes_enabled: bool = True
     notes_connection: str = "notebook"
@@ -191,6 +205,21 @@ class Settings:
                 return default
             if value < low:
                 problems.append(f"{name}={value} must be at least {low}")
+                return default
+            return value
+
+        def rate(name: str, default: float, *, low: float) -> float:
+            """A pace: how many a second (or a minute), at least ``low``."""
+            raw = get(name)
+            if raw is None:
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                problems.append(f"{name}={raw!r} is not a number")
+                return default
+            if not value >= low or value == float("inf"):
+                problems.append(f"{name}={value} must be a number of at least {low}")
                 return default
             return value
 
@@ -361,6 +390,12 @@ class Settings:
             max_file_mb=integer("IVA_MAX_FILE_MB", DEFAULT_MAX_FILE_MB, low=1, high=2000),
             retention_days=retention("IVA_RETENTION_DAYS"),
             transcribe_timeout=number("IVA_TRANSCRIBE_TIMEOUT", DEFAULT_TRANSCRIBE_TIMEOUT, low=1.0),
+            send_rate=rate("IVA_SEND_RATE", DEFAULT_SEND_RATE, low=0.1),
+            send_chat_burst=integer("IVA_SEND_CHAT_BURST", DEFAULT_SEND_CHAT_BURST, low=1, high=1000),
+            send_chat_rate=rate("IVA_SEND_CHAT_RATE", DEFAULT_SEND_CHAT_RATE, low=0.01),
+            send_group_per_minute=rate("IVA_SEND_GROUP_PER_MINUTE", DEFAULT_SEND_GROUP_PER_MINUTE, low=1.0),
+            draft_rate=rate("IVA_DRAFT_RATE", DEFAULT_DRAFT_RATE, low=0.05),
+            draft_timeout=number("IVA_DRAFT_TIMEOUT", DEFAULT_DRAFT_TIMEOUT, low=0.5),
         )
         if problems:
             raise ConfigError(problems)
