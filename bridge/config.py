@@ -37,6 +37,7 @@ DEFAULT_SEND_RATE = 28.0  # messages a second overall (Telegram: about 30)
 DEFAULT_SEND_CHAT_BURST = 3  # messages at once to one private chat, then...
 DEFAULT_SEND_CHAT_RATE = 1.0  # ... this many a second (Telegram: about 1, short bursts allowed)
 DEFAULT_SEND_GROUP_PER_MINUTE = 20.0  # messages a minute to one group or forum (Telegram: 20)
+DEFAULT_SEND_GROUP_BURST = 3  # of them, this many at once (the rest paced so no minute holds more)
 DEFAULT_DRAFT_RATE = 1.0  # live draft frames a second per chat, at most
 DEFAULT_DRAFT_TIMEOUT = 5.0  # seconds one draft frame may take before it is given up
 
@@ -149,6 +150,7 @@ class Settings:
     send_chat_burst: int = DEFAULT_SEND_CHAT_BURST
     send_chat_rate: float = DEFAULT_SEND_CHAT_RATE
     send_group_per_minute: float = DEFAULT_SEND_GROUP_PER_MINUTE
+    send_group_burst: int = DEFAULT_SEND_GROUP_BURST
     draft_rate: float = DEFAULT_DRAFT_RATE
     draft_timeout: float = DEFAULT_DRAFT_TIMEOUT
     log_level: str = "info"
@@ -393,7 +395,8 @@ class Settings:
             send_rate=rate("IVA_SEND_RATE", DEFAULT_SEND_RATE, low=0.1),
             send_chat_burst=integer("IVA_SEND_CHAT_BURST", DEFAULT_SEND_CHAT_BURST, low=1, high=1000),
             send_chat_rate=rate("IVA_SEND_CHAT_RATE", DEFAULT_SEND_CHAT_RATE, low=0.01),
-            send_group_per_minute=rate("IVA_SEND_GROUP_PER_MINUTE", DEFAULT_SEND_GROUP_PER_MINUTE, low=1.0),
+            send_group_per_minute=rate("IVA_SEND_GROUP_PER_MINUTE", DEFAULT_SEND_GROUP_PER_MINUTE, low=2.0),
+            send_group_burst=integer("IVA_SEND_GROUP_BURST", DEFAULT_SEND_GROUP_BURST, low=1, high=1000),
             draft_rate=rate("IVA_DRAFT_RATE", DEFAULT_DRAFT_RATE, low=0.05),
             draft_timeout=number("IVA_DRAFT_TIMEOUT", DEFAULT_DRAFT_TIMEOUT, low=0.5),
         )

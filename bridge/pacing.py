@@ -91,7 +91,8 @@ class Budget:
     rate: float = 28.0  # messages a second overall
     chat_burst: int = 3  # a private chat: this many at once...
     chat_rate: float = 1.0  # ... then this many a second
-    group_per_minute: float = 20.0  # a group or forum: this many in any minute
+    group_per_minute: float = 20.0  # a group or forum: this many in any minute...
+    group_burst: int = 3  # ... of them this many at once
     draft_rate: float = 1.0  # draft frames a second per chat
     draft_timeout: float = 5.0  # seconds a draft frame may take (aiogram's own is 60)
     typing_every: float = TYPING_SHOWS
@@ -99,17 +100,17 @@ class Budget:
     @classmethod
     def of(cls, settings: Settings) -> Budget:
         return cls(rate=settings.send_rate, chat_burst=settings.send_chat_burst, chat_rate=settings.send_chat_rate,
-                   group_per_minute=settings.send_group_per_minute, draft_rate=settings.draft_rate,
+                   group_per_minute=settings.send_group_per_minute,
+                   group_burst=settings.send_group_burst, draft_rate=settings.draft_rate,
                    draft_timeout=settings.draft_timeout)
 
     def chat_limiter(self, chat_id: int | str) -> AsyncLimiter:
         """A private chat: a burst, then the chat's rate. A group (a negative id or a @channel):
-        a burst of up to 3 and then a pace such that no minute holds more than its limit (a
-        leaky bucket of size b and rate r lets b + 60·r through in a minute; 5% spare for the
-        network's jitter)."""
+        a burst and then a pace such that no minute holds more than its limit (a leaky bucket of
+        size b and rate r lets b + 60·r through in a minute; 5% spare for the network's jitter)."""
         if isinstance(chat_id, int) and chat_id > 0:
             return AsyncLimiter(self.chat_burst, self.chat_burst / self.chat_rate)
-        burst = max(1, min(3, int(self.group_per_minute) - 1))
+        burst = max(1, min(self.group_burst, int(self.group_per_minute) - 1))
         per_second = max(self.group_per_minute - burst, 1.0) / 60 / 1.05
         return AsyncLimiter(burst, burst / per_second)
 

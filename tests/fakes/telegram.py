@@ -56,6 +56,7 @@ class FloodLimits:
 
     per_second: int = 30  # messages (drafts included) in any one second, all chats
     group_per_minute: int = 20  # messages in any one minute, one group or forum
+    group_window: float = 60.0  # the "minute" (a test may shorten it, with the pacer's rate scaled alike)
     chat_rate: float = 1.0  # messages a second, one private chat...
     chat_burst: float = 4.0  # ... with a short burst allowed
 
@@ -183,10 +184,10 @@ class FakeTelegram:
         window: deque[float] | None = None
         if kind == "message" and isinstance(chat, int) and chat < 0:
             window = self._flood_groups.setdefault(chat, deque())
-            while window and now - window[0] >= 60.0:
+            while window and now - window[0] >= limits.group_window:
                 window.popleft()
             if len(window) >= limits.group_per_minute:
-                wait = max(wait, math.ceil(60.0 - (now - window[0])))
+                wait = max(wait, math.ceil(limits.group_window - (now - window[0])))
         elif kind == "message" and isinstance(chat, int):
             last, at = self._flood_chats.get(chat, (0.0, now))
             level = max(0.0, last - (now - at) * limits.chat_rate)
