@@ -319,3 +319,25 @@ async def test_the_pacer_is_on_every_bot():
                 Budget().draft_rate) == (28, 3, 1, 20, 1)
     finally:
         await bot.session.close()
+
+
+async def test_sigterm_with_a_draft_frame_hung_stops_within_systemds_timeout(tg: FakeTelegram, fake_eve: FakeEve,
+                                                                            daemon_factory):
+    """Issue 20 (11): SIGTERM while Telegram holds a draft frame: the daemon ends within its
+    draft timeout (5 s), well inside TimeoutStopSec=30 — not after aiogram's 60 s."""
+    release = asyncio.Event()
+
+    async def hang(params: dict) -> None:
+        await release.wait()
+
+    tg.hooks["sendMessageDraft"] = hang
+    daemon = daemon_factory(fake_eve.url, fake_eve.token)
+    await daemon.start()
+    try:
+        await tg.message("one two three four five six [[chunkdelay=1]]", user_id=OWNER)
+        await tg.wait_for(lambda: tg.in_flight("sendMessageDraft"), 15, "a draft frame in flight")
+        started = time.monotonic()
+        await daemon.terminate(timeout=25)
+        assert time.monotonic() - started < 15
+    finally:
+        release.set()
