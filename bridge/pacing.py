@@ -13,8 +13,9 @@ typing and reactions all pass here, shared by every chat:
   waiters are served first come, first served: a chat with a 20-part answer has one part waiting
   at a time, so the other chats take turns with it part by part.
 - **A draft frame** has a budget of its own per chat (``IVA_DRAFT_RATE`` frames a second) and takes
-  the global budget only when it is free at once: nothing waits for it, and a frame that would
-  have to wait is skipped (:class:`Paced`), never queued — a final answer never queues behind one.
+  the global budget only when it is free (now, or within one slot while no message waits): it
+  never joins the budget's queue, and a frame that would have to is skipped (:class:`Paced`) —
+  a final answer never queues behind one.
 - **Typing** is lowest: skipped when the global budget is short or when its chat had it within
   the indicator's 5 s.
 - **A reaction** (a receipt) waits for the global budget only.
@@ -54,6 +55,7 @@ logger = log.get("bridge.pacing")
 
 Kind = Literal["message", "draft", "typing", "reaction"]
 
+GLOBAL_BURST = 1  # messages at once overall (see Budget.global_limiter)
 TYPING_SHOWS = 5.0  # seconds Telegram shows a chat action: never sent again within them
 TOLD_AT_ONCE = 3  # this many chats told to wait within ONCE seconds: the global limit was hit
 ONCE = 1.0
@@ -115,9 +117,12 @@ class Budget:
         return AsyncLimiter(burst, burst / per_second)
 
     def global_limiter(self, *, slow: bool = False) -> AsyncLimiter:
-        """No burst: one message every 1/rate seconds (Telegram counts a sliding second)."""
+        """No burst: one message every 1/rate seconds, so any second holds at most ``rate`` + 1
+        (29 at the default, under Telegram's 30 with one to spare for the network). A bucket of
+        2 was tried (it takes up the event loop's lateness): on the loaded benchmark machine its
+        bunched arrivals passed 30 in a second (17 429s of 600, docs/benchmarks.md)."""
         rate = self.rate / 2 if slow else self.rate
-        return AsyncLimiter(1, 1 / rate)
+        return AsyncLimiter(GLOBAL_BURST, GLOBAL_BURST / rate)
 
 
 class _Chat:
@@ -231,7 +236,7 @@ class Pacer(BaseRequestMiddleware):
         return self._global
 
     async def light_turn(self, kind: Kind, chat_id: int | str) -> None:
-        """A draft frame or typing: now, or :class:`Paced` (it never waits for a budget)."""
+        """A draft frame or typing: now, or :class:`Paced` (it never queues for a budget)."""
         chat = self._chat(chat_id)
         now = self.clock()
         gap = 1 / self.budget.draft_rate if kind == "draft" else self.budget.typing_every
@@ -242,17 +247,28 @@ class Pacer(BaseRequestMiddleware):
             why, retry_in = "its chat was told to wait", chat.held_until - now
         elif now - last < gap:
             why, retry_in = "its own budget", gap - (now - last)
-        elif self._waiting_global or not limiter.has_capacity():
+        elif self._waiting_global or not await self._free_soon(limiter, kind):
             why, retry_in = "the global budget is short", min(gap, 1.0) / 2
         if why:
             self.skipped[kind] = self.skipped.get(kind, 0) + 1
             METRICS.pacer_skipped.labels(kind=kind).inc()
             raise Paced(kind, why, retry_in)
         if kind == "draft":
-            chat.last_draft = now
+            chat.last_draft = self.clock()  # after a wait for the slot: the gap counts from the send
         else:
-            chat.last_typing = now
+            chat.last_typing = self.clock()
         await limiter.acquire()  # has capacity: never waits
+
+    async def _free_soon(self, limiter: AsyncLimiter, kind: Kind) -> bool:
+        """The global budget has room now — or, for a draft, within one slot (1/rate) while no
+        message waits for it. The draft does not join the budget's queue meanwhile: a message
+        that comes in that slot goes first, and the draft is skipped."""
+        if limiter.has_capacity():
+            return True
+        if kind != "draft":
+            return False
+        await asyncio.sleep(1 / self.budget.rate)
+        return not self._waiting_global and limiter is self._global and limiter.has_capacity()
 
     # -- 429 ------------------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ __all__ = ["ChatGone", "Sender", "Typing", "undecodable"]
 
 logger = log.get("bridge.sender")
 
-TYPING_EVERY = 4.5
+TYPING_EVERY = 5.0  # Telegram shows a chat action 5 s; the pacer never sends it again within them
 
 
 def undecodable(exc: ClientDecodeError) -> str:
