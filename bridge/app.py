@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import structlog
@@ -32,6 +32,7 @@ from .http import Listener
 from .ingest import Ingest
 from .metrics import METRICS
 from .notebook import McpServer, Notebook, NotebookConfig, OwnerApi, PressureTexts, Rebuilder
+from .pacing import Budget, Pacer
 from .people import PAIRING_SECONDS, link
 from .push.api import PushApi
 from .push.reminders import Reminders
@@ -48,9 +49,13 @@ logger = log.get("bridge.app")
 WEDGED_AFTER = 120.0  # seconds without a round of the polling loop (long poll 25 s + backoff 30 s)
 
 
-def make_bot(settings: Settings) -> Bot:
-    """aiogram's Bot against ``IVA_TELEGRAM_API_URL`` (``{base}/bot{token}/{method}``)."""
+def make_bot(settings: Settings, *, clock: Callable[[], float] | None = None,
+             sleep: Callable[[float], Awaitable[Any]] | None = None) -> Bot:
+    """aiogram's Bot against ``IVA_TELEGRAM_API_URL`` (``{base}/bot{token}/{method}``), with the
+    one pacer in front of every call that posts or edits a message (bridge/pacing.py; ``clock``
+    and ``sleep`` time its 429 holds, a test's own clock)."""
     session = AiohttpSession(api=TelegramAPIServer.from_base(settings.telegram_api_url))
+    session.middleware(Pacer(Budget.of(settings), clock=clock or time.monotonic, sleep=sleep or asyncio.sleep))
     return Bot(settings.telegram_token, session=session)
 
 

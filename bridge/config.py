@@ -35,6 +35,14 @@ DEFAULT_RETENTION_DAYS = 14
 DEFAULT_TRANSCRIBE_TIMEOUT = 60.0
 DEFAULT_SPEAK_TIMEOUT = 60.0
 DEFAULT_INVITE_HOURS = 24  # how long an /invite link stays good (P2)
+# The pacer (docs/pacing.md): Telegram's documented flood limits, with a little room for the network.
+DEFAULT_SEND_RATE = 28.0  # messages a second overall (Telegram: about 30)
+DEFAULT_SEND_CHAT_BURST = 3  # messages at once to one private chat, then...
+DEFAULT_SEND_CHAT_RATE = 1.0  # ... this many a second (Telegram: about 1, short bursts allowed)
+DEFAULT_SEND_GROUP_PER_MINUTE = 20.0  # messages a minute to one group or forum (Telegram: 20)
+DEFAULT_SEND_GROUP_BURST = 3  # of them, this many at once (the rest paced so no minute holds more)
+DEFAULT_DRAFT_RATE = 1.0  # live draft frames a second per chat, at most
+DEFAULT_DRAFT_TIMEOUT = 5.0  # seconds one draft frame may take before it is given up
 
 _TOKEN_SECRET = re.compile(r"[A-Za-z0-9_-]+")
 _TOKEN_SECRET_MIN = 20  # BotFather's secrets are 35 characters; the fakes' are shorter
@@ -145,6 +153,14 @@ class Settings:
     speak_cmd: tuple[str, ...] = ()
     speak_timeout: float = DEFAULT_SPEAK_TIMEOUT
     invite_hours: int = DEFAULT_INVITE_HOURS
+    # The pacer in front of every Bot API call that posts or edits a message (bridge/pacing.py).
+    send_rate: float = DEFAULT_SEND_RATE
+    send_chat_burst: int = DEFAULT_SEND_CHAT_BURST
+    send_chat_rate: float = DEFAULT_SEND_CHAT_RATE
+    send_group_per_minute: float = DEFAULT_SEND_GROUP_PER_MINUTE
+    send_group_burst: int = DEFAULT_SEND_GROUP_BURST
+    draft_rate: float = DEFAULT_DRAFT_RATE
+    draft_timeout: float = DEFAULT_DRAFT_TIMEOUT
     log_level: str = "info"
     notes_enabled: bool = True
     notes_connection: str = "notebook"
@@ -201,6 +217,21 @@ class Settings:
                 return default
             if value < low:
                 problems.append(f"{name}={value} must be at least {low}")
+                return default
+            return value
+
+        def rate(name: str, default: float, *, low: float) -> float:
+            """A pace: how many a second (or a minute), at least ``low``."""
+            raw = get(name)
+            if raw is None:
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                problems.append(f"{name}={raw!r} is not a number")
+                return default
+            if not value >= low or value == float("inf"):
+                problems.append(f"{name}={value} must be a number of at least {low}")
                 return default
             return value
 
@@ -381,6 +412,13 @@ class Settings:
             transcribe_timeout=number("IVA_TRANSCRIBE_TIMEOUT", DEFAULT_TRANSCRIBE_TIMEOUT, low=1.0),
             invite_hours=integer("IVA_INVITE_HOURS", DEFAULT_INVITE_HOURS, low=1, high=24 * 30),
             speak_timeout=number("IVA_SPEAK_TIMEOUT", DEFAULT_SPEAK_TIMEOUT, low=1.0),
+            send_rate=rate("IVA_SEND_RATE", DEFAULT_SEND_RATE, low=0.1),
+            send_chat_burst=integer("IVA_SEND_CHAT_BURST", DEFAULT_SEND_CHAT_BURST, low=1, high=1000),
+            send_chat_rate=rate("IVA_SEND_CHAT_RATE", DEFAULT_SEND_CHAT_RATE, low=0.01),
+            send_group_per_minute=rate("IVA_SEND_GROUP_PER_MINUTE", DEFAULT_SEND_GROUP_PER_MINUTE, low=2.0),
+            send_group_burst=integer("IVA_SEND_GROUP_BURST", DEFAULT_SEND_GROUP_BURST, low=1, high=1000),
+            draft_rate=rate("IVA_DRAFT_RATE", DEFAULT_DRAFT_RATE, low=0.05),
+            draft_timeout=number("IVA_DRAFT_TIMEOUT", DEFAULT_DRAFT_TIMEOUT, low=0.5),
         )
         if problems:
             raise ConfigError(problems)

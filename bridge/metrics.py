@@ -33,6 +33,19 @@ class _Metrics:
                                   registry=r)
         self.poll_age = Gauge("iva_telegram_poll_age_seconds", "Seconds since the last successful getUpdates "
                               "(since start when none yet); /healthz turns 503 above 120", registry=r)
+        # The pacer (bridge/pacing.py, docs/pacing.md): what waits for Telegram's flood limits.
+        self.pacer_waiting = Gauge("iva_pacer_queue_depth", "Messages waiting in the pacer for a chat's or the "
+                                   "global send budget", registry=r)
+        self.pacer_wait = Histogram(
+            "iva_pacer_wait_seconds", "How long a message waited in the pacer before it went", registry=r,
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300),
+        )
+        self.pacer_skipped = Counter("iva_pacer_skipped", "Draft frames and typing actions skipped (never queued) "
+                                     "by the pacer", ["kind"], registry=r)
+        self.pacer_holds = Counter("iva_pacer_flood_waits", "429s from Telegram: each holds its chat for "
+                                   "retry_after", registry=r)
+        self.pacer_slowdowns = Counter("iva_pacer_slowdowns", "Times several chats were told to wait at once "
+                                       "and the global budget ran at half speed", registry=r)
         self.turn_seconds = Histogram(
             "iva_turn_seconds", "Turn duration", registry=r,
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900),

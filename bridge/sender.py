@@ -34,6 +34,7 @@ from aiogram.types import (
 
 from . import backoff, log
 from .metrics import METRICS
+from .pacing import Paced, pacer_of
 from .render import Chunk, render
 from .store import Outgoing, Store
 
@@ -41,7 +42,7 @@ __all__ = ["ChatGone", "EphemeralRefused", "Sender", "TopicGone", "Typing", "top
 
 logger = log.get("bridge.sender")
 
-TYPING_EVERY = 4.5
+TYPING_EVERY = 5.0  # Telegram shows a chat action 5 s; the pacer never sends it again within them
 
 
 def undecodable(exc: ClientDecodeError) -> str:
@@ -174,9 +175,12 @@ class Sender:
                 logger.warning("telegram_answer_undecodable", chat_id=chat_id, error=exc.message, wait=round(delay, 2))
                 await asyncio.sleep(delay)
             except TelegramRetryAfter as exc:
+                # Q4: never given up, however long. The pacer in front of the bot holds this chat
+                # for retry_after (the other chats go on); the part goes again once it is free.
                 METRICS.telegram_retries.labels(reason="429").inc()
                 logger.warning("telegram_retry_after", chat_id=chat_id, retry_after=exc.retry_after)
-                await asyncio.sleep(exc.retry_after)
+                if pacer_of(self.bot) is None:
+                    await asyncio.sleep(exc.retry_after)
             except TelegramMigrateToChat as exc:
                 logger.info("telegram_chat_migrated", chat_id=chat_id, to=exc.migrate_to_chat_id)
                 chat_id = exc.migrate_to_chat_id
@@ -245,7 +249,8 @@ class Sender:
 
 
 class Typing:
-    """The typing indicator of one chat, refreshed while a turn runs (T6, LESSONS #12)."""
+    """The typing indicator of one chat, refreshed while a turn runs (T6, LESSONS #12); the pacer
+    sends it only when nothing else needs the budget, and never twice in its 5 s."""
 
     def __init__(self, bot: Bot, chat_id: int, thread_id: int | None, *, ttl: float) -> None:
         self.bot = bot
@@ -273,6 +278,8 @@ class Typing:
                     chat_id=self.chat_id, action="typing", message_thread_id=self.thread_id
                 )
                 await asyncio.sleep(TYPING_EVERY)
+            except Paced as exc:  # lowest of all: skipped while the budget is short or it still shows
+                await asyncio.sleep(exc.retry_in)
             except TelegramRetryAfter as exc:
                 await asyncio.sleep(exc.retry_after)
             except Exception as exc:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.eve import FakeEve
-from tests.fakes.telegram import TOKEN, FakeTelegram
+from tests.fakes.telegram import TOKEN, UNPACED, FakeTelegram, FloodLimits
 from tests.zygote import spawn_bridge
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,12 +32,23 @@ async def tg() -> AsyncIterator[FakeTelegram]:
         await fake.stop()
 
 
+@pytest.fixture
+async def tg_limited() -> AsyncIterator[FakeTelegram]:
+    """The fake Bot API with Telegram's flood limits on: a call that breaks one gets a 429."""
+    fake = FakeTelegram(limits=FloodLimits())
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
 FAKE_EVES: dict[str, FakeEve] = {}  # URL → the fake eve serving there (Daemon.settled looks in it)
 
 
 @pytest.fixture
 async def harness(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncIterator[Any]:
-    """The bridge in process on a temp store and the fakes (tests/harness.py)."""
+    """The bridge in process on a temp store and the fakes (tests/fakes/telegram.py)."""
     from tests.harness import Harness
 
     h = Harness(tmp_path / "state", tg, fake_eve)
@@ -180,6 +191,7 @@ async def daemon_factory(tmp_path: Path, tg: FakeTelegram):
             "IVA_ALLOWED_USER_IDS": str(FRIEND),
             "IVA_LANG": "en",
             "IVA_LOG_LEVEL": "debug",
+            **UNPACED,  # not about pacing unless a test passes its own IVA_SEND_* (tests/fakes/telegram.py)
             # A daemon against the real eve listens where that eve's notebook connection points
             # (the URL is baked into eve's build, PROTOCOL.md §11).
             "IVA_API_LISTEN": MCP_LISTEN.get(eve_url) or f"127.0.0.1:{free_port()}",

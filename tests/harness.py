@@ -39,7 +39,7 @@ from bridge.sender import Sender
 from bridge.store import Chat, Store
 from diskqueue import Database, DiskQueue, State
 from tests.fakes.eve import FakeEve
-from tests.fakes.telegram import TOKEN, FakeTelegram
+from tests.fakes.telegram import TOKEN, UNPACED, FakeTelegram
 
 T = TypeVar("T")
 
@@ -106,15 +106,17 @@ async def open_store(path: Path, **kwargs: Any) -> tuple[Database, DiskQueue, St
 
 class Harness:
     def __init__(self, state: Path, tg: FakeTelegram, fake_eve: FakeEve, *,
-                 eve_transport: httpx.AsyncBaseTransport | None = None, **env: str) -> None:
+                 eve_transport: httpx.AsyncBaseTransport | None = None,
+                 clock: Any = None, **env: str) -> None:
         self.state = state
         self.eve_transport = eve_transport  # eve_client's own seam, for faults below HTTP
+        self.clock = clock  # a test's clock for the pacer's holds (tests/fakes/clock.py), or None: real time
         self.tg = tg
         self.fake_eve = fake_eve
         self.env = {
             "IVA_TELEGRAM_TOKEN": TOKEN, "IVA_TELEGRAM_API_URL": tg.url, "IVA_EVE_URL": fake_eve.url,
             "IVA_EVE_TOKEN": fake_eve.token, "IVA_STATE_DIR": str(state), "IVA_OWNER_IDS": str(OWNER),
-            "IVA_ALLOWED_USER_IDS": str(FRIEND), "IVA_LANG": "en", "IVA_NOTES_ENABLED": "0", **env,
+            "IVA_ALLOWED_USER_IDS": str(FRIEND), "IVA_LANG": "en", "IVA_NOTES_ENABLED": "0", **UNPACED, **env,
         }
         self.settings = Settings.from_env(self.env)
         self.db: KillingDatabase | None = None
@@ -153,7 +155,8 @@ class Harness:
         assert isinstance(db, KillingDatabase)
         self.db = db
         self._closers = [db.close]
-        bot = make_bot(self.settings)
+        bot = (make_bot(self.settings) if self.clock is None
+               else make_bot(self.settings, clock=self.clock, sleep=self.clock.sleep))
         self._closers.append(lambda: self._later(bot.session.close()))
         client = eve.EveClient(self.settings.eve_url, token=self.settings.eve_token, transport=self.eve_transport)
         await client.__aenter__()

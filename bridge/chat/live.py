@@ -10,17 +10,26 @@ allows (one frame per ``interval`` per chat; a 429 pushes the next frame out by 
 and slows the pace). :meth:`Draft.settle` waits for a frame in flight before the final message is
 sent, so no frame can land after it (a draft reappearing over the answer). Drafts are plain text
 (a half-written Markdown can never become an entity error); a long block shows its tail.
+
+The pacer in front of the bot (bridge/pacing.py) gives drafts a budget of their own per chat
+(``IVA_DRAFT_RATE``) and skips a frame when the global budget is short: a skipped frame is never
+queued, the latest state goes at the next chance. A frame has ``IVA_DRAFT_TIMEOUT`` (5 s) to be
+answered, not aiogram's 60 s: a hung frame can hold neither the final answer (``settle``) nor a
+shutdown (``close``) past it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 
 from aiogram import Bot
 from aiogram.exceptions import TelegramBadRequest, TelegramForbiddenError, TelegramRetryAfter
 
 from .. import log
+from ..config import DEFAULT_DRAFT_TIMEOUT
 from ..metrics import METRICS
+from ..pacing import Paced, pacer_of
 
 __all__ = ["FRAME_INTERVAL", "Draft", "progress_line"]
 
@@ -79,6 +88,9 @@ class Draft:
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
         self._off = False  # the chat takes no drafts (an old client, a refused method): typing only
+        pacer = pacer_of(bot)
+        self.timeout = math.ceil(pacer.budget.draft_timeout if pacer is not None else DEFAULT_DRAFT_TIMEOUT)
+        self.skipped = 0
 
     def show(self, draft_id: int, text: str) -> None:
         """The draft should now read ``text``; sent when the throttle allows (never queued)."""
@@ -121,11 +133,16 @@ class Draft:
             try:
                 await self.bot.send_message_draft(chat_id=self.chat_id, draft_id=draft_id, text=fit(text),
                                                   message_thread_id=self.thread_id, parse_mode=None,
-                                                  can_stop=True, keep_on_stop=True)
+                                                  can_stop=True, keep_on_stop=True,
+                                                  request_timeout=self.timeout)
                 self._shown = wanted
                 self.frames += 1
                 METRICS.draft_frames.inc()
                 self._next_at = loop.time() + self.interval
+            except Paced as exc:  # not now (the pacer): the latest state at the next chance
+                self.skipped += 1
+                self._next_at = loop.time() + exc.retry_in
+                self._wake.set()
             except TelegramRetryAfter as exc:
                 # Adaptive: wait what Telegram asks, and go slower from then on.
                 self.interval = min(MAX_INTERVAL, self.interval * 2)

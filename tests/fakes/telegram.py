@@ -9,6 +9,12 @@ POSTed to the URL with the secret header, one at a time and in order, the same o
 non-2xx answer or a connection error, the next only after a 2xx (which confirms it, as an
 offset passing it would); ``getUpdates`` answers 409 meanwhile. ``deleteWebhook`` stops the
 delivery and keeps what was not confirmed.
+
+Telegram's flood limits are opt-in (``FakeTelegram(limits=FloodLimits())``, the ``tg_limited``
+fixture): a call that breaks one is answered 429 with ``retry_after`` as Telegram does, and kept
+in ``flood_refusals``. The limits are the Bots FAQ's, read strictly: at most 30 messages (drafts
+included) in any second overall, 20 in any minute to one group, and about one a second to one
+private chat with a short burst allowed (a bucket of 4, refilled once a second).
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +41,36 @@ _JSON_FIELDS = {"entities", "reply_parameters", "reaction", "commands", "reply_m
 _INT_FIELDS = {"chat_id", "message_id", "offset", "limit", "timeout", "message_thread_id", "user_id", "draft_id"}
 
 
+# Tests that are not about pacing run without Telegram's flood limits (the product's defaults are
+# those limits, bridge/pacing.py): sends are never held back, drafts keep their own 0.3 s floor.
+# A pacing test passes its own IVA_SEND_* / IVA_DRAFT_RATE (or PACED) to override these.
+UNPACED = {"IVA_SEND_RATE": "100000", "IVA_SEND_CHAT_BURST": "1000", "IVA_SEND_CHAT_RATE": "100000",
+           "IVA_SEND_GROUP_PER_MINUTE": "6000000", "IVA_DRAFT_RATE": "1000"}
+# The product's defaults, spelled out: a test with Telegram's limits on.
+PACED = {"IVA_SEND_RATE": "28", "IVA_SEND_CHAT_BURST": "3", "IVA_SEND_CHAT_RATE": "1",
+         "IVA_SEND_GROUP_PER_MINUTE": "20", "IVA_DRAFT_RATE": "1"}
+
+
+@dataclass(frozen=True)
+class FloodLimits:
+    """Telegram's documented flood limits (Bots FAQ), as the fake enforces them when asked."""
+
+    per_second: int = 30  # messages (drafts included) in any one second, all chats
+    group_per_minute: int = 20  # messages in any one minute, one group or forum
+    group_window: float = 60.0  # the "minute" (a test may shorten it, with the pacer's rate scaled alike)
+    chat_rate: float = 1.0  # messages a second, one private chat...
+    chat_burst: float = 4.0  # ... with a short burst allowed
+
+
+def flood_kind(method: str) -> str | None:
+    """What a method counts as: "message" (every limit), "draft" (the global one), None."""
+    if method == "sendMessageDraft":
+        return "draft"
+    if method != "sendChatAction" and method.startswith(("send", "edit", "copy", "forward")):
+        return "message"
+    return None
+
+
 @dataclass
 class Call:
     method: str
@@ -46,10 +84,16 @@ class Fault:
     description: str
     retry_after: int | None = None
     drop: bool = False
+    chat_id: int | None = None  # only a call to this chat meets it (None: any)
 
 
 class FakeTelegram:
-    def __init__(self) -> None:
+    def __init__(self, *, limits: FloodLimits | None = None) -> None:
+        self.limits = limits  # None: no flood limits (every existing test)
+        self.flood_refusals: list[Call] = []  # the calls answered 429 by a limit
+        self._flood_all: deque[float] = deque()  # receipt times within the last second
+        self._flood_groups: dict[int, deque[float]] = {}
+        self._flood_chats: dict[int, tuple[float, float]] = {}  # private chat → (bucket level, at)
         self.updates: list[dict[str, Any]] = []
         self.confirmed = 0  # every update_id below this was confirmed by an offset
         self.calls: list[Call] = []
@@ -122,11 +166,53 @@ class FakeTelegram:
     # -- what a test does -------------------------------------------------------------------
 
     def fail(self, method: str, status: int, description: str = "", *, retry_after: int | None = None,
-             times: int = 1, drop: bool = False) -> None:
+             times: int = 1, drop: bool = False, chat_id: int | None = None) -> None:
         desc = description or {429: f"Too Many Requests: retry after {retry_after}",
                                403: "Forbidden: bot was blocked by the user",
                                500: "Internal Server Error", 502: "Bad Gateway"}.get(status, "Bad Request")
-        self.faults.setdefault(method, []).extend(Fault(status, desc, retry_after, drop) for _ in range(times))
+        self.faults.setdefault(method, []).extend(Fault(status, desc, retry_after, drop, chat_id)
+                                                  for _ in range(times))
+
+    def _fault_for(self, method: str, params: dict[str, Any]) -> Fault | None:
+        """The next fault queued for this call (one for its chat, or for any chat)."""
+        queue = self.faults.get(method)
+        for i, fault in enumerate(queue or ()):
+            if fault.chat_id is None or fault.chat_id == params.get("chat_id"):
+                assert queue is not None
+                return queue.pop(i)
+        return None
+
+    def _flood(self, method: str, params: dict[str, Any]) -> Fault | None:
+        """A 429 when this call breaks one of the flood limits (and it is not counted), else None."""
+        kind = flood_kind(method)
+        if self.limits is None or kind is None:
+            return None
+        limits, now = self.limits, time.monotonic()
+        while self._flood_all and now - self._flood_all[0] >= 1.0:
+            self._flood_all.popleft()
+        wait = 1 if len(self._flood_all) >= limits.per_second else 0
+        chat = params.get("chat_id")
+        level: float | None = None
+        window: deque[float] | None = None
+        if kind == "message" and isinstance(chat, int) and chat < 0:
+            window = self._flood_groups.setdefault(chat, deque())
+            while window and now - window[0] >= limits.group_window:
+                window.popleft()
+            if len(window) >= limits.group_per_minute:
+                wait = max(wait, math.ceil(limits.group_window - (now - window[0])))
+        elif kind == "message" and isinstance(chat, int):
+            last, at = self._flood_chats.get(chat, (0.0, now))
+            level = max(0.0, last - (now - at) * limits.chat_rate)
+            if level + 1 > limits.chat_burst:
+                wait = max(wait, math.ceil((level + 1 - limits.chat_burst) / limits.chat_rate))
+        if wait:
+            return Fault(429, f"Too Many Requests: retry after {wait}", max(1, wait))
+        self._flood_all.append(now)
+        if window is not None:
+            window.append(now)
+        if level is not None:
+            self._flood_chats[int(chat)] = (level + 1, now)  # type: ignore[arg-type]
+        return None
 
     def start_storm(self, rate: float, methods: set[str], seed: int = 7) -> None:
         """Fail that share of calls to ``methods`` with 5xx, 429 or a dropped connection."""
@@ -380,9 +466,10 @@ class FakeTelegram:
                 request.transport.close()
                 return web.Response(status=500)
             return self._error(fault)
-        queue = self.faults.get(method)
-        if queue:
-            fault = queue.pop(0)
+        fault = self._fault_for(method, params)
+        if fault is None and (fault := self._flood(method, params)) is not None:
+            self.flood_refusals.append(call)
+        if fault is not None:
             if fault.drop:
                 assert request.transport is not None
                 request.transport.close()

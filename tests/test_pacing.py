@@ -1,0 +1,343 @@
+"""The pacer (Q1–Q4, bridge/pacing.py) against the fake Bot API with Telegram's flood limits on
+(``tg_limited``: a call that breaks one is answered 429), in process on the real store.
+
+Each test checks the whole of what the people get: every answer whole, once, in order within its
+chat — and no call refused by a limit. A wait Telegram asks for (retry_after) is timed on a
+:class:`FakeClock` the test moves, so "wait 25 s" costs no 25 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from pathlib import Path
+
+from prometheus_client import generate_latest
+
+from bridge.metrics import METRICS
+from bridge.pacing import Budget, Pacer, pacer_of
+from tests.fakes.clock import FakeClock
+from tests.fakes.eve import FakeEve
+from tests.fakes.telegram import BOT_USERNAME, PACED, FakeTelegram, FloodLimits
+from tests.harness import OWNER, Harness
+
+USERS = [100 + i for i in range(40)]
+GROUP = -100777
+MENTION = [{"type": "mention", "offset": 0, "length": len(BOT_USERNAME) + 1}]
+
+
+def answer(tag: str, parts: int) -> str:
+    """An answer of ``parts`` messages (paragraphs of ~3000 characters: one message each)."""
+    return "\n\n".join(f"{tag} part{i} " + "lorem ipsum " * 250 for i in range(parts))
+
+
+def scripted(fake_eve: FakeEve, parts: dict[str, int]) -> None:
+    """eve answers the message ``tag`` with an answer of ``parts[tag]`` messages."""
+    fake_eve.reply_for = lambda text: answer(text.split()[-1], parts[text.split()[-1]]) \
+        if text.split() and text.split()[-1] in parts else None
+
+
+def delivered(tg: FakeTelegram, chat_id: int) -> list[str]:
+    """The part markers of what the chat got, in the order Telegram took them."""
+    return [t.split()[1] for t in tg.texts(chat_id) if len(t.split()) > 1 and t.split()[1].startswith("part")]
+
+
+def whole(tg: FakeTelegram, chat_id: int, parts: int) -> bool:
+    return delivered(tg, chat_id) == [f"part{i}" for i in range(parts)]
+
+
+def paced(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve, *, clock: FakeClock | None = None,
+          **env: str) -> Harness:
+    return Harness(tmp_path / "state", tg, fake_eve, clock=clock, **{
+        **PACED, "IVA_ALLOWED_USER_IDS": ",".join(map(str, USERS)), "IVA_STREAMING": "off", **env})
+
+
+async def test_many_chats_answered_at_once_stay_under_every_limit(tmp_path: Path, tg_limited: FakeTelegram,
+                                                                  fake_eve: FakeEve):
+    """Q1: 40 chats answered at once with 3 parts each (120 messages, 4 s of the global budget):
+    no call refused, each chat's parts whole, once, in order; the chats take turns."""
+    tg = tg_limited
+    scripted(fake_eve, {f"c{u}": 3 for u in USERS})
+    h = paced(tmp_path, tg, fake_eve)
+    await h.start()
+    try:
+        await asyncio.gather(*(tg.message(f"hello c{u}", user_id=u) for u in USERS))
+        await h.settled(timeout=60)
+        assert tg.flood_refusals == []
+        assert all(whole(tg, u, 3) for u in USERS), {u: delivered(tg, u) for u in USERS if not whole(tg, u, 3)}
+        sends = [c for c in tg.calls if c.method == "sendMessage" and c.params.get("_ok")]
+        assert len(sends) == 120
+        # Paced overall: 120 messages at 28/s take at least ~4.2 s from the first to the last.
+        assert sends[-1].at - sends[0].at >= 119 / 28 * 0.95
+    finally:
+        await h.stop()
+
+
+async def test_chats_take_turns_part_by_part():
+    """Q3: a chat with a 20-part answer has one part waiting at a time; chats asking after its
+    first part go before its third (first come, first served at the global budget)."""
+    pacer = Pacer(Budget(rate=50, chat_burst=100, chat_rate=100))
+    order: list[int] = []
+    first = asyncio.Event()
+
+    async def answer_of(chat: int, parts: int) -> None:
+        for _ in range(parts):
+            await pacer.message_turn(chat)
+            order.append(chat)
+            first.set()
+
+    long = asyncio.create_task(answer_of(1, 20))
+    await first.wait()
+    await asyncio.gather(*(answer_of(chat, 1) for chat in range(2, 7)), long)
+    assert order.count(1) == 20 and order[0] == 1
+    third = [i for i, chat in enumerate(order) if chat == 1][2]
+    assert all(order.index(chat) < third for chat in range(2, 7)), order
+
+
+async def test_one_long_answer_is_paced_within_its_chat_and_others_go_meanwhile(
+        tmp_path: Path, tg_limited: FakeTelegram, fake_eve: FakeEve):
+    """Q2, Q3: an 8-part answer goes as a burst of 3, then one a second; a chat asking meanwhile
+    is answered before it ends (it never waits behind the long one)."""
+    tg = tg_limited
+    scripted(fake_eve, {"long": 8, "short": 1})
+    h = paced(tmp_path, tg, fake_eve)
+    await h.start()
+    try:
+        await tg.message("tell me long", user_id=USERS[0])
+        await tg.wait_texts(1, USERS[0], timeout=15)
+        await tg.message("and me short", user_id=USERS[1])
+        await h.settled(timeout=40)
+        assert tg.flood_refusals == []
+        assert whole(tg, USERS[0], 8) and whole(tg, USERS[1], 1)
+        long_at = [c.at for c in tg.calls if c.method == "sendMessage" and c.params.get("_ok")
+                   and c.params["chat_id"] == USERS[0]]
+        short_at = next(c.at for c in tg.calls if c.method == "sendMessage" and c.params.get("_ok")
+                        and c.params["chat_id"] == USERS[1])
+        assert long_at[-1] - long_at[0] >= 4.5  # parts 4..8 a second apart at least
+        assert short_at < long_at[-1]
+    finally:
+        await h.stop()
+
+
+async def test_a_busy_group_stays_under_its_minute(tmp_path: Path, fake_eve: FakeEve):
+    """Q1 for a group: 25 topics of one forum answered at once share the group's budget; no
+    window of the fake's "minute" holds more than its 20. (Time scaled by ten: the fake's minute
+    is 6 s and the pacer's group rate 170 a minute, so the test takes 8 s, not 80.)"""
+    tg = FakeTelegram(limits=FloodLimits(group_window=6.0))
+    await tg.start()
+    h = paced(tmp_path, tg, fake_eve, IVA_SEND_GROUP_PER_MINUTE="170")
+    await h.start()
+    try:
+        for topic in range(2, 27):
+            await tg.message(f"@{BOT_USERNAME} topic {topic}", user_id=OWNER, chat_id=GROUP, chat_type="supergroup",
+                             thread_id=topic, is_topic=True, entities=MENTION)
+        await h.settled(timeout=40)
+        assert tg.flood_refusals == []
+        sends = [c for c in tg.calls if c.method == "sendMessage" and c.params.get("_ok")]
+        assert sorted(c.params.get("message_thread_id") for c in sends) == list(range(2, 27))  # each once
+        times = [c.at for c in sends]
+        assert max(sum(1 for t in times if start <= t < start + 6.0) for start in times) <= 20
+    finally:
+        await h.stop()
+        await tg.stop()
+
+
+async def test_a_chat_told_to_wait_25_s_waits_and_the_others_go_on(tmp_path: Path, tg_limited: FakeTelegram,
+                                                                   fake_eve: FakeEve):
+    """Q4: Telegram tells one chat to wait 25 s on the first part of its answer: the other chats are
+    answered meanwhile; that chat gets nothing more until the 25 s are over, then the rest of
+    its answer, once and in order."""
+    tg, clock = tg_limited, FakeClock()
+    waiting, others = USERS[0], USERS[1:6]
+    scripted(fake_eve, {f"c{u}": 3 for u in USERS})
+    tg.fail("sendMessage", 429, retry_after=25, chat_id=waiting)
+    h = paced(tmp_path, tg, fake_eve, clock=clock)
+    await h.start()
+    try:
+        await tg.message(f"hello c{waiting}", user_id=waiting)
+        await tg.wait_for(lambda: clock.sleepers, 15, "the chat held")
+        for u in others:
+            await tg.message(f"hello c{u}", user_id=u)
+        await tg.wait_for(lambda: all(whole(tg, u, 3) for u in others), 20, "the others answered")
+        assert delivered(tg, waiting) == []
+        assert len([c for c in tg.calls if c.method == "sendMessage" and c.params["chat_id"] == waiting]) == 1
+        await clock.advance(24)
+        pacer = pacer_of(h.s.sender.bot)
+        assert pacer is not None and pacer.held_for(waiting) == 1 and clock.sleepers == 1
+        assert delivered(tg, waiting) == []
+        await clock.advance(1)
+        await h.settled(timeout=20)
+        assert whole(tg, waiting, 3) and all(whole(tg, u, 3) for u in others)
+        assert tg.flood_refusals == []
+    finally:
+        await h.stop()
+
+
+async def test_a_final_told_to_wait_again_and_again_is_never_given_up(tmp_path: Path, tg_limited: FakeTelegram,
+                                                                      fake_eve: FakeEve):
+    """Q4: twelve 429s in a row on one chat's answer (each retry_after 10 s, two minutes in all):
+    the answer still goes, whole, once, in order; another chat is answered meanwhile."""
+    tg, clock = tg_limited, FakeClock()
+    held, other = USERS[0], USERS[1]
+    scripted(fake_eve, {f"c{u}": 2 for u in USERS})
+    tg.fail("sendMessage", 429, retry_after=10, times=12, chat_id=held)
+    h = paced(tmp_path, tg, fake_eve, clock=clock)
+    await h.start()
+    try:
+        await tg.message(f"hello c{held}", user_id=held)
+        await tg.message(f"hello c{other}", user_id=other)
+        for round_ in range(1, 13):
+            await tg.wait_for(lambda: clock.sleepers, 15, f"the chat held ({round_})")
+            await clock.advance(10)
+            await tg.wait_for(lambda r=round_: len([c for c in tg.calls if c.method == "sendMessage"
+                                                    and c.params["chat_id"] == held]) > r, 15, "the retry")
+        await h.settled(timeout=20)
+        assert whole(tg, held, 2) and whole(tg, other, 2)
+        assert h.observe("SELECT count(*) FROM outbox WHERE state != 'sent'")[0][0] == 0
+    finally:
+        await h.stop()
+
+
+async def test_drafts_under_pressure_are_skipped_never_queued_and_never_delay_a_final(
+        tmp_path: Path, tg_limited: FakeTelegram, fake_eve: FakeEve):
+    """Q3: 16 chats streaming at once on a global budget of 10 a second: each chat's frames at
+    most one a second, frames skipped (not queued) when the budget is short, no call refused,
+    and each final goes within the time the finals alone need from eve's completion."""
+    tg = tg_limited
+    chats = USERS[:16]
+    h = paced(tmp_path, tg, fake_eve, IVA_STREAMING="draft", IVA_SEND_RATE="10")
+    await h.start()
+    try:
+        words = " ".join(f"w{i}" for i in range(24))
+        await asyncio.gather(*(tg.message(f"{words} c{u} [[chunkdelay=0.15]]", user_id=u) for u in chats))
+        await h.settled(timeout=60)
+        assert tg.flood_refusals == []
+        for u in chats:
+            assert tg.texts(u) == [f"echo: {words} c{u}"]
+            frames = [d["at"] for d in tg.drafts(u)]
+            assert all(b - a >= 0.9 for a, b in itertools.pairwise(frames)), frames
+        pacer = pacer_of(h.s.sender.bot)
+        assert pacer is not None and pacer.skipped["draft"] > 0
+        for u in chats:
+            text = f"echo: {words} c{u}"
+            final = next(c.at for c in tg.calls if c.method == "sendMessage" and c.params.get("text") == text)
+            assert final - fake_eve.completed_at[text] <= len(chats) / 10 + 1.0
+    finally:
+        await h.stop()
+
+
+async def test_a_hung_draft_frame_holds_the_final_only_its_own_timeout(tmp_path: Path, tg: FakeTelegram,
+                                                                       fake_eve: FakeEve):
+    """Issue 20 (11): a draft frame Telegram never answers is given up after IVA_DRAFT_TIMEOUT,
+    not aiogram's 60 s: the final answer follows eve's completion within it."""
+    release = asyncio.Event()
+
+    async def hang(params: dict) -> None:
+        await release.wait()
+
+    tg.hooks["sendMessageDraft"] = hang
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_DRAFT_TIMEOUT="1")
+    await h.start()
+    try:
+        await tg.message("one two three four [[chunkdelay=0.1]]", user_id=OWNER)
+        await tg.wait_texts(1, OWNER, timeout=10)
+        text = "echo: one two three four"
+        final = next(c.at for c in tg.calls if c.method == "sendMessage")
+        assert tg.texts(OWNER) == [text]
+        assert final - fake_eve.completed_at[text] < 3.0
+    finally:
+        release.set()
+        await h.stop()
+
+
+async def test_typing_is_never_sent_twice_within_its_5_s(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
+    """Q3: two turns in a row in one chat: one typing action, not one per turn."""
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_STREAMING="off")
+    await h.start()
+    try:
+        for n in range(3):
+            await tg.message(f"quick {n}", user_id=OWNER)
+            await tg.wait_texts(n + 1, OWNER)
+        await h.settled()
+        actions = [c.at for c in tg.calls if c.method == "sendChatAction"]
+        assert actions and all(b - a >= 5.0 for a, b in itertools.pairwise(actions)), actions
+    finally:
+        await h.stop()
+
+
+async def test_several_chats_told_at_once_slow_the_global_budget():
+    """Q4: one chat's 429 holds that chat only; three chats told within a second mean the global
+    limit was hit, and the global budget runs at half speed for a while."""
+    pacer = Pacer(Budget(rate=100))
+    pacer.told_to_wait(1, 5)
+    assert pacer.held_for(1) > 4 and pacer.held_for(2) == 0
+
+    async def forty() -> float:
+        started = time.monotonic()
+        for chat in range(10, 50):
+            await pacer.message_turn(chat)
+        return time.monotonic() - started
+
+    fast = await forty()  # 2 at once, then 38 at 100 a second
+    pacer.told_to_wait(2, 1)
+    pacer.told_to_wait(3, 1)
+    slow = await forty()  # at 50 a second
+    assert slow >= 38 / 50 * 0.95 and fast < 0.6, (fast, slow)
+
+
+async def test_metrics_show_the_pacer(tmp_path: Path, tg_limited: FakeTelegram, fake_eve: FakeEve):
+    """/metrics: the pacer's queue depth, its waits and the flood waits Telegram asked for."""
+    scripted(fake_eve, {"c100": 5})
+    before = METRICS.pacer_wait._sum.get()  # type: ignore[attr-defined]
+    h = paced(tmp_path, tg_limited, fake_eve)
+    await h.start()
+    try:
+        await tg_limited.message("hello c100", user_id=USERS[0])
+        await h.settled(timeout=20)
+        text = generate_latest(METRICS.registry).decode()
+        assert "iva_pacer_queue_depth 0.0" in text
+        assert "iva_pacer_wait_seconds_count" in text and "iva_pacer_flood_waits_total" in text
+        assert METRICS.pacer_wait._sum.get() - before >= 1.5  # type: ignore[attr-defined]  # parts 4, 5
+    finally:
+        await h.stop()
+
+
+async def test_the_pacer_is_on_every_bot():
+    """Every call to Telegram goes through one pacer: make_bot puts it on the session, with the
+    product's defaults — Telegram's limits."""
+    from bridge.app import make_bot
+    from bridge.config import Settings
+
+    settings = Settings.from_env({"IVA_TELEGRAM_TOKEN": "123456:" + "a" * 35, "IVA_EVE_URL": "http://127.0.0.1:1",
+                                 "IVA_OWNER_IDS": "1"})
+    bot = make_bot(settings)
+    try:
+        pacer = pacer_of(bot)
+        assert pacer is not None and pacer.budget == Budget()
+        assert (Budget().rate, Budget().chat_burst, Budget().chat_rate, Budget().group_per_minute,
+                Budget().draft_rate) == (28, 3, 1, 20, 1)
+    finally:
+        await bot.session.close()
+
+
+async def test_sigterm_with_a_draft_frame_hung_stops_within_systemds_timeout(tg: FakeTelegram, fake_eve: FakeEve,
+                                                                            daemon_factory):
+    """Issue 20 (11): SIGTERM while Telegram holds a draft frame: the daemon ends within its
+    draft timeout (5 s), well inside TimeoutStopSec=30 — not after aiogram's 60 s."""
+    release = asyncio.Event()
+
+    async def hang(params: dict) -> None:
+        await release.wait()
+
+    tg.hooks["sendMessageDraft"] = hang
+    daemon = daemon_factory(fake_eve.url, fake_eve.token)
+    await daemon.start()
+    try:
+        await tg.message("one two three four five six [[chunkdelay=1]]", user_id=OWNER)
+        await tg.wait_for(lambda: tg.in_flight("sendMessageDraft"), 15, "a draft frame in flight")
+        started = time.monotonic()
+        await daemon.terminate(timeout=25)
+        assert time.monotonic() - started < 15
+    finally:
+        release.set()
