@@ -432,3 +432,29 @@ async def test_the_reminders_loop_fires_on_the_moved_clock_and_wakes_on_a_new_re
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_a_cron_read_in_the_repeated_hour_of_a_dst_fall_back_never_falls_due_in_the_past(
+        clocked: tuple[Harness, Clock]):
+    """Berlin falls back on 2026-10-25 (03:00 CEST → 02:00 CET): 02:00-03:00 happens twice. Set, or
+    caught up after downtime, in the second 02:10, a daily 02:15 is next due tomorrow, never at
+    the first 02:15 that passed (which fired at once and then spun on a next instant in the past)."""
+    h, clock = clocked
+    second_0210 = datetime(2026, 10, 25, 1, 10, tzinfo=UTC).timestamp()  # 02:10 CET, the second one
+    clock.now = second_0210
+    r = await reminders(h).set(A, "night job", cron="15 2 * * *", tz="Europe/Berlin")
+    assert r.next_at is not None and r.next_at > clock.now
+    assert utc(r.next_at) == "2026-10-26T01:15:00+00:00"  # 02:15 CET tomorrow
+    assert await reminders(h).fire_due() == []
+    # Due at the first 02:15 (CEST) while Iva was down; it starts at the second 02:10: one late
+    # catch-up, and the next instant is after now.
+    clock.now = datetime(2026, 10, 24, 12, 0, tzinfo=UTC).timestamp()
+    daily = await reminders(h).set(A, "daily", cron="15 2 * * *", tz="Europe/Berlin")
+    assert utc(daily.next_at or 0) == "2026-10-25T00:15:00+00:00"
+    clock.now = second_0210
+    assert await reminders(h).fire_due() == [A]
+    after = await reminders(h).get(A, daily.id)
+    assert after is not None and after.next_at is not None and after.next_at > clock.now
+    assert await reminders(h).next_due() is not None and (await reminders(h).next_due() or 0) > clock.now
+    assert await reminders(h).fire_due() == []
+    assert [json.loads(r["payload"])["text"] for r in fired(h)] == ["daily"]

@@ -91,9 +91,16 @@ def _zone(tz: object, default: str) -> tuple[str, zoneinfo.ZoneInfo]:
 
 
 def _cron_next(cron: str, zone: zoneinfo.ZoneInfo, after: float) -> float:
-    """The first instant of ``cron`` (read in ``zone``) strictly after ``after``."""
+    """The first instant of ``cron`` (read in ``zone``) strictly after ``after``.
+
+    Started in the repeated hour of a DST fall-back (the second 02:10), cronsim may give the
+    first occurrence of a wall time already passed (the first 02:15): such an instant is skipped,
+    or a reminder would be due in the past, fire at once and then never get ahead of the clock."""
     start = datetime.fromtimestamp(after, zone)
-    return next(iter(CronSim(cron, start))).timestamp()
+    for instant in CronSim(cron, start):
+        if (at := instant.timestamp()) > after:
+            return at
+    raise StopIteration
 
 
 def _parse_cron(value: object, zone: zoneinfo.ZoneInfo, now: float) -> tuple[str, float]:
