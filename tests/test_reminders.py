@@ -458,3 +458,15 @@ async def test_a_cron_read_in_the_repeated_hour_of_a_dst_fall_back_never_falls_d
     assert await reminders(h).next_due() is not None and (await reminders(h).next_due() or 0) > clock.now
     assert await reminders(h).fire_due() == []
     assert [json.loads(r["payload"])["text"] for r in fired(h)] == ["daily"]
+
+
+async def test_a_zone_name_that_is_a_directory_or_too_long_is_an_error_naming_tz(
+        api: tuple[Harness, Clock, httpx.AsyncClient]):
+    """zoneinfo reads a zone name as a path: "Europe" is a directory and a long name too long a
+    file name — an OSError, which was a 500 from the owner API (and an internal error on MCP)."""
+    h, _clock, client = api
+    for zone in ("Europe", "America", "x" * 300):
+        r = await client.post(f"/v1/chats/{A}/reminders", json={"text": "x", "cron": "0 9 * * *", "tz": zone})
+        assert r.status_code == 400 and r.json()["field"] == "tz", (zone, r.status_code, r.text)
+        assert "Unknown time zone" in r.json()["error"]
+    assert await reminders(h).active(A) == []

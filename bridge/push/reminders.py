@@ -85,7 +85,7 @@ def _zone(tz: object, default: str) -> tuple[str, zoneinfo.ZoneInfo]:
         raise PushError("tz", "tz is an IANA time zone name, e.g. Europe/Berlin or UTC (or leave it out).")
     try:
         return name, zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # OSError: "Europe" is a directory
         raise PushError("tz", f"Unknown time zone {name!r}: give an IANA name, e.g. Europe/Berlin, "
                               "America/New_York or UTC.") from None
 
