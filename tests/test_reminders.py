@@ -470,3 +470,16 @@ async def test_a_zone_name_that_is_a_directory_or_too_long_is_an_error_naming_tz
         assert r.status_code == 400 and r.json()["field"] == "tz", (zone, r.status_code, r.text)
         assert "Unknown time zone" in r.json()["error"]
     assert await reminders(h).active(A) == []
+
+
+async def test_an_at_past_the_year_9999_in_utc_is_an_error_naming_at_not_a_poisoned_list(
+        api: tuple[Harness, Clock, httpx.AsyncClient]):
+    """9999-12-31T23:59:59-23:59 parses, but is in the year 10000 in UTC, which no datetime can
+    hold: stored, it made the answer a 500 and every later list of the chat's reminders too."""
+    h, _clock, client = api
+    r = await client.post(f"/v1/chats/{A}/reminders", json={"text": "x", "at": "9999-12-31T23:59:59-23:59"})
+    assert r.status_code == 400 and r.json()["field"] == "at", (r.status_code, r.text)
+    listed = await client.get(f"/v1/chats/{A}/reminders")
+    assert listed.status_code == 200 and listed.json()["reminders"] == []
+    r = await client.post(f"/v1/chats/{A}/reminders", json={"text": "x", "at": "9999-12-31T23:59:59+00:00"})
+    assert r.status_code == 201 and r.json()["next_at"] == "9999-12-31T23:59:59+00:00"

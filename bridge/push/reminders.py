@@ -31,7 +31,7 @@ import uuid
 import zoneinfo
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from cronsim import CronSim, CronSimError
@@ -127,6 +127,10 @@ def _parse_at(value: object, now: float) -> tuple[str, float]:
     if when.tzinfo is None or when.utcoffset() is None:
         raise PushError("at", f"{value!r} has no offset. {problem}")
     instant = when.timestamp()
+    try:
+        datetime.fromtimestamp(instant, UTC)  # 9999-12-31T23:59-23:59 is the year 10000 in UTC
+    except (ValueError, OverflowError, OSError):
+        raise PushError("at", f"{value!r} is too far ahead: give a time before the year 10000 in UTC.") from None
     if instant <= now:
         raise PushError("at", f"{value!r} is in the past (it is {iso(now)} now): give a later time.")
     return when.isoformat(), instant
