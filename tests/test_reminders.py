@@ -483,3 +483,33 @@ async def test_an_at_past_the_year_9999_in_utc_is_an_error_naming_at_not_a_poiso
     assert listed.status_code == 200 and listed.json()["reminders"] == []
     r = await client.post(f"/v1/chats/{A}/reminders", json={"text": "x", "at": "9999-12-31T23:59:59+00:00"})
     assert r.status_code == 201 and r.json()["next_at"] == "9999-12-31T23:59:59+00:00"
+
+
+GROUP = -1009
+
+
+async def in_group(h: Harness, tg: FakeTelegram, text: str, user: int = OWNER) -> None:
+    from tests.fakes.telegram import BOT_USERNAME
+
+    await tg.message(f"@{BOT_USERNAME} {text}", user_id=user, chat_id=GROUP, chat_type="supergroup",
+                     entities=[{"type": "mention", "offset": 0, "length": len(BOT_USERNAME) + 1}])
+    await h.settled()
+
+
+async def test_reminders_lists_the_next_time_in_the_reminders_own_zone(clocked: tuple[Harness, Clock],
+                                                                      tg: FakeTelegram):
+    """A person who set 08:00 Berlin reads 08:00, not 2026-12-03T07:00:00+00:00 (which reads as 07:00);
+    a one-time reminder shows its time once, in the offset it was given."""
+    h, _clock = clocked
+    await reminders(h).set(A, "water the plants", cron="0 8 * * *", tz="Europe/Berlin")
+    await reminders(h).set(A, "call mum", at="2026-12-02T19:30:00+03:00")
+    await tg.message("/reminders", user_id=OWNER)
+    await h.settled()
+    listing = tg.sent(OWNER)[-1]["text"]
+    assert "+00:00" not in listing and "T0" not in listing, listing
+    assert "water the plants — 0 8 * * * (Europe/Berlin) — next 2026-12-03 08:00" in listing, listing
+    assert "call mum — next 2026-12-02 19:30 (UTC+03:00)" in listing, listing
+    await tg.message("/reminders", user_id=OWNER, language_code="ru")
+    await h.settled()
+    assert "следующее 2026-12-03 08:00" in tg.texts(OWNER)[-1]
+
