@@ -220,6 +220,8 @@ _TEXTS: dict[str, dict[Lang, str]] = {
     "reminders_cancel": {"en": "✖ {what}", "ru": "✖ {what}"},
     "reminder_cancelled": {"en": "Reminder cancelled.", "ru": "Напоминание отменено."},
     "reminder_gone": {"en": "This reminder is already gone.", "ru": "Этого напоминания уже нет."},
+    "reminders_cancel_owner_only": {"en": "Only the owner can cancel reminders.",
+                                    "ru": "Отменять напоминания может только владелец."},
 }
 
 

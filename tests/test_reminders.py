@@ -513,3 +513,24 @@ async def test_reminders_lists_the_next_time_in_the_reminders_own_zone(clocked: 
     await h.settled()
     assert "следующее 2026-12-03 08:00" in tg.texts(OWNER)[-1]
 
+
+async def test_a_non_owner_pressing_a_cancel_button_in_a_group_is_told_only_the_owner_can_cancel(
+        clocked: tuple[Harness, Clock], tg: FakeTelegram):
+    """The group sees the owner's /reminders list (it is the group's: they fire there); a member
+    pressing ✖ cancels nothing and is told who may — not that only the owner can *see* them,
+    while they are looking at the list."""
+    h, _clock = clocked
+    await in_group(h, tg, "hello")
+    await reminders(h).set(str(GROUP), "standup", cron="0 9 * * 1-5")
+    await tg.message("/reminders", user_id=OWNER, chat_id=GROUP, chat_type="supergroup")
+    await h.settled()
+    listing = tg.sent(GROUP)[-1]
+    assert "standup" in listing["text"]
+    await tg.press(listing, "✖ standup", user_id=FRIEND)
+    await h.settled()
+    assert [r.text for r in await reminders(h).active(str(GROUP))] == ["standup"]
+    assert tg.calls_of("answerCallbackQuery")[-1].get("text") == "Only the owner can cancel reminders."
+    await tg.press(listing, "✖ standup", user_id=OWNER)
+    await h.settled()
+    assert await reminders(h).active(str(GROUP)) == []
+    assert tg.calls_of("answerCallbackQuery")[-1].get("text") == "Reminder cancelled."

@@ -88,7 +88,7 @@ async def reminders_command(s: Services, reminders: Reminders, message: Message,
 async def pressed(s: Services, reminders: Reminders, query: CallbackQuery, reminder_id: str, lang: str) -> str:
     """A cancel button: only an owner may, only in the reminder's own chat. The note to show."""
     if query.from_user.id not in s.settings.owner_ids:
-        return t("reminders_owner_only", lang)
+        return t("reminders_cancel_owner_only", lang)
     where = query.message.chat.id if query.message is not None else None
     thread = getattr(query.message, "message_thread_id", None) if query.message is not None else None
     for address in (Address(where, thread) if where is not None else None, Address(where) if where else None):
