@@ -397,3 +397,24 @@ async def test_a_pushed_turn_eve_fails_itself_tells_the_chat_in_one_line(harness
     assert len(texts) == 1 and "weekly digest" in texts[0] and "try again" not in texts[0].lower(), texts
     done = await harness.pushes.turn(A, state.id)
     assert done is not None and done.state == "failed" and done.failed == "MODEL_CALL_FAILED"
+
+
+async def test_a_turn_pushed_while_a_question_waits_on_the_person_never_answers_it(
+        harness: Harness, tg: FakeTelegram, fake_eve: FakeEve):
+    """While a turn waits on the person (an open question, where their next message is the answer
+    at once), a pushed turn is not that answer: it waits for the turn's end, then goes alone."""
+    h = harness
+    await tg.message("name? [[ask=What should I call it?]]", user_id=OWNER)
+    await tg.wait_texts(1)
+    await h.until(lambda: bool((c := h.maybe_chat()) and c.waiting_input), what="waiting on the person")
+    assert h.pushes is not None
+    state = await h.pushes.push_turn(A, "nightly digest")
+    await h.until(lambda: _queued(h) == 1, what="the pushed turn queued")
+    assert (await h.chat()).waiting_input and not pushed_sends(fake_eve)
+    await tg.message("Bob", user_id=OWNER)
+    await h.settled()
+    assert tg.texts(OWNER)[1:] == ["answered: Bob", "echo: nightly digest"], tg.texts(OWNER)
+    [body] = pushed_sends(fake_eve)
+    assert body["turnPolicy"] == "queue"
+    done = await h.pushes.turn(A, state.id)
+    assert done is not None and done.state == "answered"
