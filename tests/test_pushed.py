@@ -288,9 +288,11 @@ async def test_bad_input_of_every_field_is_a_json_error_naming_it(api: tuple[Har
     r = await client.post(f"/v1/chats/{A}/turns", content=b"text=hi", headers={"content-type": "text/plain"})
     assert r.status_code == 415
     r = await client.post("/v1/chats/777/turns", json={"text": "hi"})
-    assert r.status_code == 404 and r.json()["code"] == "no_chat"
+    assert r.status_code == 404 and r.json()["code"] == "no_chat" and r.json()["field"] == "chat"
     r = await client.post("/v1/chats/seven/turns", json={"text": "hi"})
-    assert r.status_code == 400 and r.json()["code"] == "bad_chat"
+    assert r.status_code == 400 and r.json()["code"] == "bad_chat" and r.json()["field"] == "chat"
+    r = await client.post(f"/v1/chats/{A}:x/messages", json={"text": "hi"})
+    assert r.status_code == 400 and r.json()["field"] == "chat"
     r = await client.get(f"/v1/chats/{A}/turns/t999999")
     assert r.status_code == 404 and r.json()["field"] == "id"
     r = await client.get(f"/v1/chats/{A}/turns/nonsense")
