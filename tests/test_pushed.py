@@ -420,3 +420,21 @@ async def test_a_turn_pushed_while_a_question_waits_on_the_person_never_answers_
     assert body["turnPolicy"] == "queue"
     done = await h.pushes.turn(A, state.id)
     assert done is not None and done.state == "answered"
+
+
+async def test_a_lone_surrogate_in_a_pushed_or_reminder_text_becomes_a_replacement_character(
+        api: tuple[Harness, httpx.AsyncClient], tg: FakeTelegram):
+    """JSON allows "\\ud83d" alone (a caller's or a model's broken emoji); SQLite cannot store it.
+    As in a reply (F6), it becomes U+FFFD: the turn and the reminder go, never a 500."""
+    h, client = api
+    await known_chat(h, tg)
+    json_ = {"content-type": "application/json"}
+    r = await client.post(f"/v1/chats/{A}/turns", content=b'{"text": "hi \\ud83d there"}', headers=json_)
+    assert r.status_code == 202, r.text
+    r = await client.post(f"/v1/chats/{A}/reminders", content=b'{"text": "tea \\ud83d", "cron": "0 9 * * *"}',
+                          headers=json_)
+    assert r.status_code == 201, r.text
+    await h.settled()
+    assert tg.texts(OWNER)[-1] == "echo: hi \ufffd there"
+    listed = (await client.get(f"/v1/chats/{A}/reminders")).json()["reminders"]
+    assert [x["text"] for x in listed] == ["tea \ufffd"]

@@ -43,7 +43,7 @@ from ..payloads import PushedTurn
 from ..state import StateCorrupt, corrupt
 from ..store import Store
 from .store import PushStore
-from .turns import PushError, Pushes, iso
+from .turns import PushError, Pushes, iso, whole
 
 __all__ = ["LATE_AFTER", "LOOK_EVERY", "MAX_PER_CHAT", "MAX_TEXT", "Reminder", "Reminders"]
 
@@ -174,6 +174,7 @@ class Reminders:
             raise PushError("text", "text is what the reminder asks of you when it falls due: a non-empty string.")
         if len(text) > MAX_TEXT:
             raise PushError("text", f"text has {len(text)} characters; at most {MAX_TEXT}.")
+        text = whole(text)
         if (at is None) == (cron is None):
             raise PushError("at" if at is None else "cron",
                             "Give exactly one of at (one time, ISO 8601 with offset) or cron (five fields, recurring).")
