@@ -476,7 +476,7 @@ async def test_an_at_past_the_year_9999_in_utc_is_an_error_naming_at_not_a_poiso
         api: tuple[Harness, Clock, httpx.AsyncClient]):
     """9999-12-31T23:59:59-23:59 parses, but is in the year 10000 in UTC, which no datetime can
     hold: stored, it made the answer a 500 and every later list of the chat's reminders too."""
-    h, _clock, client = api
+    _h, _clock, client = api
     r = await client.post(f"/v1/chats/{A}/reminders", json={"text": "x", "at": "9999-12-31T23:59:59-23:59"})
     assert r.status_code == 400 and r.json()["field"] == "at", (r.status_code, r.text)
     listed = await client.get(f"/v1/chats/{A}/reminders")
