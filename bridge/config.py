@@ -391,7 +391,7 @@ class Settings:
         tz = get("IVA_TZ") or "UTC"
         try:
             zoneinfo.ZoneInfo(tz)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # OSError: "Europe" is a directory
             problems.append(f"IVA_TZ={tz!r} is not an IANA time zone, e.g. Europe/Berlin or UTC")
             tz = "UTC"
 

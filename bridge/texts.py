@@ -262,7 +262,7 @@ _TEXTS: dict[str, dict[Lang, str]] = {
     "users_gone": {"en": "Already removed.", "ru": "Уже удалён."},
     "users_private_only": {"en": "I list who may talk to me in private only: send /users to me there.",
                            "ru": "Кто может со мной говорить, показываю только в личке: отправьте /users мне туда."},
-    # -- topics in private chats (P1-P4, S7) ---------------------------------------------------
+    # -- topics in private chats (P3) ---------------------------------------------------
     "cmd_topic": {"en": "Open a new conversation as a topic", "ru": "Открыть новый разговор темой"},
     "topic_opened": {"en": "Opened the topic “{title}”: a conversation of its own. Write there.",
                      "ru": "Открыла тему «{title}» — отдельный разговор. Пишите туда."},
@@ -279,6 +279,8 @@ _TEXTS: dict[str, dict[Lang, str]] = {
                      "ru": "Telegram не открыл тему ({reason})."},
     "topic_gone": {"en": "A topic of ours is gone, so I answer its messages here.",
                    "ru": "Одной из наших тем больше нет, поэтому отвечаю на её сообщения здесь."},
+    "reminders_cancel_owner_only": {"en": "Only the owner can cancel reminders.",
+                                    "ru": "Отменять напоминания может только владелец."},
 }
 
 

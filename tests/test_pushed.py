@@ -288,9 +288,11 @@ async def test_bad_input_of_every_field_is_a_json_error_naming_it(api: tuple[Har
     r = await client.post(f"/v1/chats/{A}/turns", content=b"text=hi", headers={"content-type": "text/plain"})
     assert r.status_code == 415
     r = await client.post("/v1/chats/777/turns", json={"text": "hi"})
-    assert r.status_code == 404 and r.json()["code"] == "no_chat"
+    assert r.status_code == 404 and r.json()["code"] == "no_chat" and r.json()["field"] == "chat"
     r = await client.post("/v1/chats/seven/turns", json={"text": "hi"})
-    assert r.status_code == 400 and r.json()["code"] == "bad_chat"
+    assert r.status_code == 400 and r.json()["code"] == "bad_chat" and r.json()["field"] == "chat"
+    r = await client.post(f"/v1/chats/{A}:x/messages", json={"text": "hi"})
+    assert r.status_code == 400 and r.json()["field"] == "chat"
     r = await client.get(f"/v1/chats/{A}/turns/t999999")
     assert r.status_code == 404 and r.json()["field"] == "id"
     r = await client.get(f"/v1/chats/{A}/turns/nonsense")
@@ -397,3 +399,42 @@ async def test_a_pushed_turn_eve_fails_itself_tells_the_chat_in_one_line(harness
     assert len(texts) == 1 and "weekly digest" in texts[0] and "try again" not in texts[0].lower(), texts
     done = await harness.pushes.turn(A, state.id)
     assert done is not None and done.state == "failed" and done.failed == "MODEL_CALL_FAILED"
+
+
+async def test_a_turn_pushed_while_a_question_waits_on_the_person_never_answers_it(
+        harness: Harness, tg: FakeTelegram, fake_eve: FakeEve):
+    """While a turn waits on the person (an open question, where their next message is the answer
+    at once), a pushed turn is not that answer: it waits for the turn's end, then goes alone."""
+    h = harness
+    await tg.message("name? [[ask=What should I call it?]]", user_id=OWNER)
+    await tg.wait_texts(1)
+    await h.until(lambda: bool((c := h.maybe_chat()) and c.waiting_input), what="waiting on the person")
+    assert h.pushes is not None
+    state = await h.pushes.push_turn(A, "nightly digest")
+    await h.until(lambda: _queued(h) == 1, what="the pushed turn queued")
+    assert (await h.chat()).waiting_input and not pushed_sends(fake_eve)
+    await tg.message("Bob", user_id=OWNER)
+    await h.settled()
+    assert tg.texts(OWNER)[1:] == ["answered: Bob", "echo: nightly digest"], tg.texts(OWNER)
+    [body] = pushed_sends(fake_eve)
+    assert body["turnPolicy"] == "queue"
+    done = await h.pushes.turn(A, state.id)
+    assert done is not None and done.state == "answered"
+
+
+async def test_a_lone_surrogate_in_a_pushed_or_reminder_text_becomes_a_replacement_character(
+        api: tuple[Harness, httpx.AsyncClient], tg: FakeTelegram):
+    """JSON allows "\\ud83d" alone (a caller's or a model's broken emoji); SQLite cannot store it.
+    As in a reply (F6), it becomes U+FFFD: the turn and the reminder go, never a 500."""
+    h, client = api
+    await known_chat(h, tg)
+    json_ = {"content-type": "application/json"}
+    r = await client.post(f"/v1/chats/{A}/turns", content=b'{"text": "hi \\ud83d there"}', headers=json_)
+    assert r.status_code == 202, r.text
+    r = await client.post(f"/v1/chats/{A}/reminders", content=b'{"text": "tea \\ud83d", "cron": "0 9 * * *"}',
+                          headers=json_)
+    assert r.status_code == 201, r.text
+    await h.settled()
+    assert tg.texts(OWNER)[-1] == "echo: hi \ufffd there"
+    listed = (await client.get(f"/v1/chats/{A}/reminders")).json()["reminders"]
+    assert [x["text"] for x in listed] == ["tea \ufffd"]

@@ -432,3 +432,105 @@ async def test_the_reminders_loop_fires_on_the_moved_clock_and_wakes_on_a_new_re
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_a_cron_read_in_the_repeated_hour_of_a_dst_fall_back_never_falls_due_in_the_past(
+        clocked: tuple[Harness, Clock]):
+    """Berlin falls back on 2026-10-25 (03:00 CEST → 02:00 CET): 02:00-03:00 happens twice. Set, or
+    caught up after downtime, in the second 02:10, a daily 02:15 is next due tomorrow, never at
+    the first 02:15 that passed (which fired at once and then spun on a next instant in the past)."""
+    h, clock = clocked
+    second_0210 = datetime(2026, 10, 25, 1, 10, tzinfo=UTC).timestamp()  # 02:10 CET, the second one
+    clock.now = second_0210
+    r = await reminders(h).set(A, "night job", cron="15 2 * * *", tz="Europe/Berlin")
+    assert r.next_at is not None and r.next_at > clock.now
+    assert utc(r.next_at) == "2026-10-26T01:15:00+00:00"  # 02:15 CET tomorrow
+    assert await reminders(h).fire_due() == []
+    # Due at the first 02:15 (CEST) while Iva was down; it starts at the second 02:10: one late
+    # catch-up, and the next instant is after now.
+    clock.now = datetime(2026, 10, 24, 12, 0, tzinfo=UTC).timestamp()
+    daily = await reminders(h).set(A, "daily", cron="15 2 * * *", tz="Europe/Berlin")
+    assert utc(daily.next_at or 0) == "2026-10-25T00:15:00+00:00"
+    clock.now = second_0210
+    assert await reminders(h).fire_due() == [A]
+    after = await reminders(h).get(A, daily.id)
+    assert after is not None and after.next_at is not None and after.next_at > clock.now
+    assert await reminders(h).next_due() is not None and (await reminders(h).next_due() or 0) > clock.now
+    assert await reminders(h).fire_due() == []
+    assert [json.loads(r["payload"])["text"] for r in fired(h)] == ["daily"]
+
+
+async def test_a_zone_name_that_is_a_directory_or_too_long_is_an_error_naming_tz(
+        api: tuple[Harness, Clock, httpx.AsyncClient]):
+    """zoneinfo reads a zone name as a path: "Europe" is a directory and a long name too long a
+    file name — an OSError, which was a 500 from the owner API (and an internal error on MCP)."""
+    h, _clock, client = api
+    for zone in ("Europe", "America", "x" * 300):
+        r = await client.post(f"/v1/chats/{A}/reminders", json={"text": "x", "cron": "0 9 * * *", "tz": zone})
+        assert r.status_code == 400 and r.json()["field"] == "tz", (zone, r.status_code, r.text)
+        assert "Unknown time zone" in r.json()["error"]
+    assert await reminders(h).active(A) == []
+
+
+async def test_an_at_past_the_year_9999_in_utc_is_an_error_naming_at_not_a_poisoned_list(
+        api: tuple[Harness, Clock, httpx.AsyncClient]):
+    """9999-12-31T23:59:59-23:59 parses, but is in the year 10000 in UTC, which no datetime can
+    hold: stored, it made the answer a 500 and every later list of the chat's reminders too."""
+    _h, _clock, client = api
+    r = await client.post(f"/v1/chats/{A}/reminders", json={"text": "x", "at": "9999-12-31T23:59:59-23:59"})
+    assert r.status_code == 400 and r.json()["field"] == "at", (r.status_code, r.text)
+    listed = await client.get(f"/v1/chats/{A}/reminders")
+    assert listed.status_code == 200 and listed.json()["reminders"] == []
+    r = await client.post(f"/v1/chats/{A}/reminders", json={"text": "x", "at": "9999-12-31T23:59:59+00:00"})
+    assert r.status_code == 201 and r.json()["next_at"] == "9999-12-31T23:59:59+00:00"
+
+
+GROUP = -1009
+
+
+async def in_group(h: Harness, tg: FakeTelegram, text: str, user: int = OWNER) -> None:
+    from tests.fakes.telegram import BOT_USERNAME
+
+    await tg.message(f"@{BOT_USERNAME} {text}", user_id=user, chat_id=GROUP, chat_type="supergroup",
+                     entities=[{"type": "mention", "offset": 0, "length": len(BOT_USERNAME) + 1}])
+    await h.settled()
+
+
+async def test_reminders_lists_the_next_time_in_the_reminders_own_zone(clocked: tuple[Harness, Clock],
+                                                                      tg: FakeTelegram):
+    """A person who set 08:00 Berlin reads 08:00, not 2026-12-03T07:00:00+00:00 (which reads as 07:00);
+    a one-time reminder shows its time once, in the offset it was given."""
+    h, _clock = clocked
+    await reminders(h).set(A, "water the plants", cron="0 8 * * *", tz="Europe/Berlin")
+    await reminders(h).set(A, "call mum", at="2026-12-02T19:30:00+03:00")
+    await tg.message("/reminders", user_id=OWNER)
+    await h.settled()
+    listing = tg.sent(OWNER)[-1]["text"]
+    assert "+00:00" not in listing and "T0" not in listing, listing
+    assert "water the plants — 0 8 * * * (Europe/Berlin) — next 2026-12-03 08:00" in listing, listing
+    assert "call mum — next 2026-12-02 19:30 (UTC+03:00)" in listing, listing
+    await tg.message("/reminders", user_id=OWNER, language_code="ru")
+    await h.settled()
+    assert "следующее 2026-12-03 08:00" in tg.texts(OWNER)[-1]
+
+
+async def test_a_non_owner_pressing_a_cancel_button_in_a_group_is_told_only_the_owner_can_cancel(
+        clocked: tuple[Harness, Clock], tg: FakeTelegram):
+    """The group sees the owner's /reminders list (it is the group's: they fire there); a member
+    pressing ✖ cancels nothing and is told who may — not that only the owner can *see* them,
+    while they are looking at the list."""
+    h, _clock = clocked
+    await in_group(h, tg, "hello")
+    await reminders(h).set(str(GROUP), "standup", cron="0 9 * * 1-5")
+    await tg.message("/reminders", user_id=OWNER, chat_id=GROUP, chat_type="supergroup")
+    await h.settled()
+    listing = tg.sent(GROUP)[-1]
+    assert "standup" in listing["text"]
+    await tg.press(listing, "✖ standup", user_id=FRIEND)
+    await h.settled()
+    assert [r.text for r in await reminders(h).active(str(GROUP))] == ["standup"]
+    assert tg.calls_of("answerCallbackQuery")[-1].get("text") == "Only the owner can cancel reminders."
+    await tg.press(listing, "✖ standup", user_id=OWNER)
+    await h.settled()
+    assert await reminders(h).active(str(GROUP)) == []
+    assert tg.calls_of("answerCallbackQuery")[-1].get("text") == "Reminder cancelled."

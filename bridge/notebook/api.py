@@ -36,8 +36,9 @@ Handler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]  # (reques
 Guarded = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _fail(status: int, code: str, message: str, **headers: str) -> web.Response:
-    return web.json_response({"error": message, "code": code}, status=status, headers=headers or None)
+def _fail(status: int, code: str, message: str, *, field: str | None = None, **headers: str) -> web.Response:
+    body = {"error": message, "code": code} if field is None else {"error": message, "code": code, "field": field}
+    return web.json_response(body, status=status, headers=headers or None)
 
 
 class OwnerApi:
@@ -77,9 +78,10 @@ class OwnerApi:
             try:
                 address = str(self._address(request.match_info["chat"]))
             except ValueError:
-                return _fail(400, "bad_chat", "A chat is its Telegram id, or <chat id>:<topic id> for a topic.")
+                return _fail(400, "bad_chat", "A chat is its Telegram id, or <chat id>:<topic id> for a topic.",
+                             field="chat")
             if await self.store.chat(address) is None:
-                return _fail(404, "no_chat", f"Iva has no chat {request.match_info['chat']}.")
+                return _fail(404, "no_chat", f"Iva has no chat {request.match_info['chat']}.", field="chat")
             try:
                 return await handler(request, address)
             except NoteError as exc:

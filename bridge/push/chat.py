@@ -3,6 +3,8 @@ cancels it; anyone else is told that only the owner can. Both languages (bridge/
 
 from __future__ import annotations
 
+import zoneinfo
+from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 from aiogram.types import CallbackQuery, Message
@@ -32,10 +34,27 @@ def _short(text: str, limit: int) -> str:
     return one if len(one) <= limit else one[: limit - 1] + "…"
 
 
+def _local(r: Reminder) -> str:
+    """The next instant as the person set it: a cron's in its zone (named on the line), a one-time
+    one's in the offset it was given."""
+    if r.next_at is None:
+        return "—"
+    if r.at is not None:
+        shown = datetime.fromtimestamp(r.next_at, datetime.fromisoformat(r.at).tzinfo)
+        offset = shown.strftime("%z")
+        zone = "UTC" if offset in ("+0000", "") else f"UTC{offset[:3]}:{offset[3:5]}"
+        return f"{shown:%Y-%m-%d %H:%M} ({zone})"
+    try:
+        zone_info: tzinfo = zoneinfo.ZoneInfo(r.tz)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        zone_info = UTC
+    return f"{datetime.fromtimestamp(r.next_at, zone_info):%Y-%m-%d %H:%M}"
+
+
 def _line(r: Reminder, lang: str) -> str:
-    when = f"{r.at}" if r.at is not None else f"{r.cron} ({r.tz})"
-    state = t("reminders_paused", lang) if r.paused else t("reminders_next", lang, at=r.as_record()["next_at"])
-    return f"• {_short(r.text, 80)} — {when} — {state}"
+    when = f" — {r.cron} ({r.tz})" if r.at is None else (f" — {_local(r)}" if r.paused else "")
+    state = t("reminders_paused", lang) if r.paused else t("reminders_next", lang, at=_local(r))
+    return f"• {_short(r.text, 80)}{when} — {state}"
 
 
 def reminders_text(reminders: list[Reminder], lang: str) -> tuple[str, list[list[dict[str, Any]]] | None]:
@@ -69,7 +88,7 @@ async def reminders_command(s: Services, reminders: Reminders, message: Message,
 async def pressed(s: Services, reminders: Reminders, query: CallbackQuery, reminder_id: str, lang: str) -> str:
     """A cancel button: only an owner may, only in the reminder's own chat. The note to show."""
     if not await s.people.is_owner(query.from_user.id):
-        return t("reminders_owner_only", lang)
+        return t("reminders_cancel_owner_only", lang)
     where = query.message.chat.id if query.message is not None else None
     thread = getattr(query.message, "message_thread_id", None) if query.message is not None else None
     for address in (Address(where, thread) if where is not None else None, Address(where) if where else None):

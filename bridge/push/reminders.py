@@ -31,7 +31,7 @@ import uuid
 import zoneinfo
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from cronsim import CronSim, CronSimError
@@ -43,7 +43,7 @@ from ..payloads import PushedTurn
 from ..state import StateCorrupt, corrupt
 from ..store import Store
 from .store import PushStore
-from .turns import PushError, Pushes, iso
+from .turns import PushError, Pushes, iso, whole
 
 __all__ = ["LATE_AFTER", "LOOK_EVERY", "MAX_PER_CHAT", "MAX_TEXT", "Reminder", "Reminders"]
 
@@ -85,15 +85,22 @@ def _zone(tz: object, default: str) -> tuple[str, zoneinfo.ZoneInfo]:
         raise PushError("tz", "tz is an IANA time zone name, e.g. Europe/Berlin or UTC (or leave it out).")
     try:
         return name, zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # OSError: "Europe" is a directory
         raise PushError("tz", f"Unknown time zone {name!r}: give an IANA name, e.g. Europe/Berlin, "
                               "America/New_York or UTC.") from None
 
 
 def _cron_next(cron: str, zone: zoneinfo.ZoneInfo, after: float) -> float:
-    """The first instant of ``cron`` (read in ``zone``) strictly after ``after``."""
+    """The first instant of ``cron`` (read in ``zone``) strictly after ``after``.
+
+    Started in the repeated hour of a DST fall-back (the second 02:10), cronsim may give the
+    first occurrence of a wall time already passed (the first 02:15): such an instant is skipped,
+    or a reminder would be due in the past, fire at once and then never get ahead of the clock."""
     start = datetime.fromtimestamp(after, zone)
-    return next(iter(CronSim(cron, start))).timestamp()
+    for instant in CronSim(cron, start):
+        if (at := instant.timestamp()) > after:
+            return at
+    raise StopIteration
 
 
 def _parse_cron(value: object, zone: zoneinfo.ZoneInfo, now: float) -> tuple[str, float]:
@@ -120,6 +127,10 @@ def _parse_at(value: object, now: float) -> tuple[str, float]:
     if when.tzinfo is None or when.utcoffset() is None:
         raise PushError("at", f"{value!r} has no offset. {problem}")
     instant = when.timestamp()
+    try:
+        datetime.fromtimestamp(instant, UTC)  # 9999-12-31T23:59-23:59 is the year 10000 in UTC
+    except (ValueError, OverflowError, OSError):
+        raise PushError("at", f"{value!r} is too far ahead: give a time before the year 10000 in UTC.") from None
     if instant <= now:
         raise PushError("at", f"{value!r} is in the past (it is {iso(now)} now): give a later time.")
     return when.isoformat(), instant
@@ -163,6 +174,7 @@ class Reminders:
             raise PushError("text", "text is what the reminder asks of you when it falls due: a non-empty string.")
         if len(text) > MAX_TEXT:
             raise PushError("text", f"text has {len(text)} characters; at most {MAX_TEXT}.")
+        text = whole(text)
         if (at is None) == (cron is None):
             raise PushError("at" if at is None else "cron",
                             "Give exactly one of at (one time, ISO 8601 with offset) or cron (five fields, recurring).")

@@ -35,7 +35,7 @@ from ..texts import t
 from .store import PushStore
 
 __all__ = ["MAX_KEY", "MAX_TEXT", "PushError", "Pushes", "TurnState", "alone", "context", "failed_line",
-           "iso", "person_depth", "told", "turn_failed", "unsteered"]
+           "iso", "person_depth", "told", "turn_failed", "unsteered", "whole"]
 
 logger = log.get("bridge.push")
 
@@ -62,12 +62,18 @@ class PushError(Exception):
         self.code = code
 
 
+def whole(text: str) -> str:
+    """``text`` with each lone UTF-16 surrogate (JSON allows ``"\\ud83d"`` alone: a broken emoji;
+    SQLite refuses it) as U+FFFD, as a reply's text is (:meth:`bridge.store.Store.put_outgoing`)."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def _text(value: object, field: str = "text", limit: int = MAX_TEXT) -> str:
     if not isinstance(value, str) or not value.strip():
         raise PushError(field, f"{field} is the text, a non-empty string.")
     if len(value) > limit:
         raise PushError(field, f"{field} has {len(value)} characters; at most {limit}.")
-    return value
+    return whole(value)
 
 
 def _key(value: object, field: str = "key") -> str | None:

@@ -86,3 +86,12 @@ def test_iva_tz_is_an_iana_zone_utc_by_default():
     with pytest.raises(ConfigError) as caught:
         Settings.from_env({**GOOD, "IVA_TZ": "Mars/Olympus_Mons"})
     assert caught.value.problems == ["IVA_TZ='Mars/Olympus_Mons' is not an IANA time zone, e.g. Europe/Berlin or UTC"]
+
+
+@pytest.mark.parametrize("zone", ["Europe", "a" * 300])
+def test_iva_tz_naming_a_zone_directory_or_too_long_is_a_problem_not_a_crash(zone):
+    """zoneinfo reads the name as a path: "Europe" is a directory (IsADirectoryError), a long
+    name too long a file name (OSError); both are a bad IVA_TZ like any unknown name."""
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({**GOOD, "IVA_TZ": zone})
+    assert caught.value.problems == [f"IVA_TZ={zone!r} is not an IANA time zone, e.g. Europe/Berlin or UTC"]
