@@ -7,13 +7,20 @@ does — createForumTopic there, a send into a topic that does not exist (or was
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bridge.addressing import Address
+from bridge.app import notebook_config
+from bridge.http import Listener
+from bridge.notebook import Notebook
 from bridge.notebook.api import OwnerApi
+from bridge.push.api import PushApi
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness
@@ -138,15 +145,6 @@ async def test_pushed_turns_messages_and_reminders_reach_a_private_topic_through
         tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
     """Pushed turns and reminders can target a topic: ``<chat>:<topic>`` on the owner API lands in
     that topic of the private chat, its own conversation, and nowhere else."""
-    import time
-
-    import httpx
-
-    from bridge.app import notebook_config
-    from bridge.http import Listener
-    from bridge.notebook import Notebook
-    from bridge.push.api import PushApi
-
     token = "owner-api-token-0123456789"
     tg.private_topics_enabled = True
     now = [time.time()]
@@ -176,7 +174,6 @@ async def test_pushed_turns_messages_and_reminders_reach_a_private_topic_through
             await h.settled()
             assert in_topic(tg, a)[-1] == "plain note"
             at = now[0] + 120
-            from datetime import UTC, datetime
             r = await client.post(f"/v1/chats/{OWNER}:{a}/reminders",
                                   json={"text": "stretch", "at": datetime.fromtimestamp(at, UTC).isoformat()})
             assert r.status_code == 201, r.text
