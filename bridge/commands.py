@@ -147,6 +147,11 @@ class Commands:
         addr, s = str(address), self.s
         assert message.from_user is not None
         user = message.from_user
+        if await s.people.locked(user.id):
+            # Ignored, and nothing written for it (no dedupe mark, no log line at info): a flood
+            # of codes from one locked account must not grow the database or the log.
+            logger.debug("pairing_code_ignored", user_id=user.id)
+            return f"pairing_{Redeemed.LOCKED}"
         async with s.store.db.transaction():
             if not await s.queue.remember(addr, {"kind": "pairing"}, dedupe_key=key):
                 return "duplicate"

@@ -157,11 +157,20 @@ class People:
                 return None
             return await self.mint(Role.OWNER, created_by=None, seconds=PAIRING_SECONDS)
 
+    async def locked(self, user_id: int) -> bool:
+        """Whether this person's codes are ignored now (too many wrong ones): a read only, so the
+        caller can drop a locked person's code before writing anything for it."""
+        return self._locked(await self.store.pairing_misses(user_id), self.clock())
+
+    @staticmethod
+    def _locked(miss: sqlite3.Row | None, now: float) -> bool:
+        return miss is not None and miss["locked_until"] is not None and miss["locked_until"] > now
+
     async def redeem(self, user_id: int, name: str, code: str) -> Redeemed:
         """The code ``user_id`` sent (in the caller's transaction, with its dedupe mark and answer)."""
         now = self.clock()
         miss = await self.store.pairing_misses(user_id)
-        if miss is not None and miss["locked_until"] is not None and miss["locked_until"] > now:
+        if self._locked(miss, now):
             return Redeemed.LOCKED
         found = None
         if _CODE_SHAPE.fullmatch(code):

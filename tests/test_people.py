@@ -309,3 +309,23 @@ async def test_a_quarantined_database_means_a_new_pairing_link(daemon_factory, f
     await start(tg, ANN, links[-1])
     await daemon.settled()
     assert tg.texts(ANN)[-1].startswith("You are my owner now")
+
+
+async def test_a_locked_guessers_flood_costs_no_writes(bare: Harness, tg: FakeTelegram):
+    """Once a person's wrong codes are ignored, more of them write nothing: no dedupe mark, no
+    miss row, no answer — a flood of /start codes from one account cannot grow the database."""
+    for n in range(MISSES_ALLOWED):
+        await start(tg, EVE, f"guess{n}AAAAAAAAAAAAAAAAA")
+    await bare.settled()
+    assert len(tg.texts(EVE)) == MISSES_ALLOWED
+
+    def rows() -> tuple[int, ...]:
+        return tuple(int(bare.observe(f"SELECT count(*) FROM {table}")[0][0])
+                     for table in ("diskqueue_messages", "outbox", "pairing_misses"))
+
+    before = rows()
+    for n in range(40):
+        await start(tg, EVE, f"flood{n}BBBBBBBBBBBBBBBBB")
+    await bare.settled()
+    assert rows() == before
+    assert len(tg.texts(EVE)) == MISSES_ALLOWED and people(bare) == {}

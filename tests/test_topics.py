@@ -7,13 +7,20 @@ does — createForumTopic there, a send into a topic that does not exist (or was
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bridge.addressing import Address
+from bridge.app import notebook_config
+from bridge.http import Listener
+from bridge.notebook import Notebook
 from bridge.notebook.api import OwnerApi
+from bridge.push.api import PushApi
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness
@@ -132,3 +139,53 @@ async def test_a_deleted_topic_is_answered_at_the_root_and_remembered(topical: H
     await write(tg, "at the root", None)
     await topical.settled()
     assert in_topic(tg, None)[-1] == "echo: at the root"
+
+
+async def test_pushed_turns_messages_and_reminders_reach_a_private_topic_through_the_owner_api(
+        tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
+    """Pushed turns and reminders can target a topic: ``<chat>:<topic>`` on the owner API lands in
+    that topic of the private chat, its own conversation, and nowhere else."""
+    token = "owner-api-token-0123456789"
+    tg.private_topics_enabled = True
+    now = [time.time()]
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_API_TOKEN=token)
+    h.wall = lambda: now[0]
+    await h.start()
+    assert h.db is not None and h.pushes is not None and h.reminders is not None
+    owner = OwnerApi(token, Notebook(h.db, h.s.store, notebook_config(h.settings)), h.s.store)
+    listener = Listener("127.0.0.1:0", store=h.s.store, queue=h.s.queue, ingest=None,  # type: ignore[arg-type]
+                        routes=[PushApi(owner.guard, h.pushes, h.reminders).routes])
+    await listener.start()
+    try:
+        assert listener._runner is not None
+        port = listener._runner.addresses[0][1]
+        a, b = tg.open_topic(OWNER, "Work"), tg.open_topic(OWNER, "Home")
+        await write(tg, "hello work", a)
+        await write(tg, "hello home", b)
+        await h.settled()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
+                                     headers={"authorization": f"Bearer {token}"}) as client:
+            r = await client.post(f"/v1/chats/{OWNER}:{a}/turns", json={"text": "morning brief"})
+            assert r.status_code == 202, r.text
+            await h.settled()
+            assert in_topic(tg, a)[-1] == "echo: morning brief"
+            r = await client.post(f"/v1/chats/{OWNER}:{a}/messages", json={"text": "plain note"})
+            assert r.status_code == 202, r.text
+            await h.settled()
+            assert in_topic(tg, a)[-1] == "plain note"
+            at = now[0] + 120
+            r = await client.post(f"/v1/chats/{OWNER}:{a}/reminders",
+                                  json={"text": "stretch", "at": datetime.fromtimestamp(at, UTC).isoformat()})
+            assert r.status_code == 201, r.text
+            listed = await client.get(f"/v1/chats/{OWNER}:{a}/reminders")
+            assert [x["text"] for x in listed.json()["reminders"]] == ["stretch"]
+            assert (await client.get(f"/v1/chats/{OWNER}:{b}/reminders")).json()["reminders"] == []
+            now[0] = at + 1
+            assert await h.reminders.fire_due() == [f"{OWNER}/{a}"]
+            await h.settled()
+            assert in_topic(tg, a)[-1] == "echo: stretch"
+        assert in_topic(tg, b) == ["echo: hello home"]  # the other topic heard none of it
+        assert in_topic(tg, None) == []  # nor the chat's root
+    finally:
+        await listener.stop()
+        await h.stop()
