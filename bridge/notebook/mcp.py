@@ -37,6 +37,7 @@ from ..push.reminders import Reminders
 from ..push.tools import REMINDER_TOOLS, run_tool
 from ..push.turns import PushError
 from ..store import Chat, Store
+from ..toolschema import tool as _tool
 from .rules import INDEX, NoteError
 from .service import Notebook
 
@@ -54,18 +55,6 @@ _PARSE_ERROR, _INVALID_REQUEST, _METHOD_NOT_FOUND, _INVALID_PARAMS, _INTERNAL = 
 _UNAUTHORIZED = -32001  # implementation-defined (JSON-RPC reserves -32000..-32099 for servers)
 
 
-def _tool(name: str, description: str, properties: dict[str, Any], required: list[str], *,
-          read_only: bool = False) -> dict[str, Any]:
-    return {
-        "name": name,
-        "description": description,
-        "inputSchema": {"type": "object", "properties": properties, "required": required,
-                        "additionalProperties": False},
-        "annotations": {"readOnlyHint": read_only, "destructiveHint": name == "chat_note_delete",
-                        "openWorldHint": False},
-        "_meta": {"iva/quiet": True},
-    }
-
 
 TOOLS: dict[str, dict[str, Any]] = {t["name"]: t for t in (
     _tool("chat_note_save",
@@ -80,7 +69,7 @@ TOOLS: dict[str, dict[str, Any]] = {t["name"]: t for t in (
     _tool("chat_note_read", "Read the full body of one note of this chat's notebook.", {"name": _NAME}, ["name"],
           read_only=True),
     _tool("chat_note_delete", "Delete a note of this chat's notebook that is done or no longer true.",
-          {"name": _NAME}, ["name"]),
+          {"name": _NAME}, ["name"], destructive=True),
     _tool("chat_note_pin", "Pin a note: its body is shown in full in every turn (a small shared budget).",
           {"name": _NAME}, ["name"]),
     _tool("chat_note_unpin", "Unpin a note: in index mode only its name and description are shown.",

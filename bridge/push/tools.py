@@ -7,23 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..store import Chat
+from ..toolschema import tool as _tool
 from .reminders import MAX_PER_CHAT, MAX_TEXT, Reminders
 from .turns import PushError
 
 __all__ = ["REMINDER_TOOLS", "run_tool"]
 
-
-def _tool(name: str, description: str, properties: dict[str, Any], required: list[str], *,
-          read_only: bool = False) -> dict[str, Any]:
-    return {
-        "name": name,
-        "description": description,
-        "inputSchema": {"type": "object", "properties": properties, "required": required,
-                        "additionalProperties": False},
-        "annotations": {"readOnlyHint": read_only, "destructiveHint": name == "chat_reminder_cancel",
-                        "openWorldHint": False},
-        "_meta": {"iva/quiet": True},
-    }
 
 
 REMINDER_TOOLS: dict[str, dict[str, Any]] = {t["name"]: t for t in (
@@ -43,7 +32,7 @@ REMINDER_TOOLS: dict[str, dict[str, Any]] = {t["name"]: t for t in (
     _tool("chat_reminder_list", "List this chat's reminders: id, text, at or cron, tz, the next time, paused.",
           {}, [], read_only=True),
     _tool("chat_reminder_cancel", "Cancel one of this chat's reminders by its id (from chat_reminder_list).",
-          {"id": {"type": "string", "description": "The reminder's id."}}, ["id"]),
+          {"id": {"type": "string", "description": "The reminder's id."}}, ["id"], destructive=True),
 )}
 
 
