@@ -206,34 +206,24 @@ class Settings:
                 return default
             return value
 
-        def number(name: str, default: float, *, low: float) -> float:
+        def number(name: str, default: float, *, low: float, what: str = "a number of seconds") -> float:
+            """A finite number, at least ``low`` (NaN and infinity are refused too)."""
             raw = get(name)
             if raw is None:
                 return default
             try:
                 value = float(raw)
             except ValueError:
-                problems.append(f"{name}={raw!r} is not a number of seconds")
+                problems.append(f"{name}={raw!r} is not {what}")
                 return default
-            if value < low:
+            if not low <= value < float("inf"):
                 problems.append(f"{name}={value} must be at least {low}")
                 return default
             return value
 
         def rate(name: str, default: float, *, low: float) -> float:
             """A pace: how many a second (or a minute), at least ``low``."""
-            raw = get(name)
-            if raw is None:
-                return default
-            try:
-                value = float(raw)
-            except ValueError:
-                problems.append(f"{name}={raw!r} is not a number")
-                return default
-            if not value >= low or value == float("inf"):
-                problems.append(f"{name}={value} must be a number of at least {low}")
-                return default
-            return value
+            return number(name, default, low=low, what="a number")
 
         def retention(name: str) -> int | None:
             """F7: whole days, at least 1 (Telegram keeps an unconfirmed update for 24 h, so an
