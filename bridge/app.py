@@ -28,18 +28,20 @@ from .chat.services import ContextWindow, Services
 from .chat.worker import Scheduler
 from .commands import Commands
 from .config import Settings, listener_problem
-from .http import Listener
 from .ingest import Ingest
 from .metrics import METRICS
-from .notebook import McpServer, Notebook, NotebookConfig, OwnerApi, PressureTexts, Rebuilder
+from .notebook import Notebook, NotebookConfig, PressureTexts, Rebuilder
 from .pacing import Budget, Pacer
 from .people import PAIRING_SECONDS, link
-from .push.api import PushApi
 from .push.reminders import Reminders
 from .push.turns import Pushes
 from .sender import Sender, undecodable
 from .state import StateCorrupt, StateUnavailable, open_state
 from .texts import t
+from .web.listener import Listener
+from .web.mcp import McpServer
+from .web.owner_api import OwnerApi
+from .web.push_api import PushApi
 from .webhook import Webhook
 
 __all__ = ["Bridge", "make_bot", "run"]

@@ -25,10 +25,10 @@ import eve_client as eve
 from . import log
 from .chat import parking
 from .config import DEFAULT_BUSY_TIMEOUT, ConfigError, Settings, state_dir_of
-from .http import OVERDUE_FACTOR
 from .people import pairing_note
 from .sender import undecodable
 from .store import SchemaMismatch, read_status
+from .web.listener import OVERDUE_FACTOR
 
 __all__ = ["main"]
 

@@ -17,10 +17,10 @@ from aiohttp import web
 
 import eve_client as eve
 from bridge.chat.transitions import Transitions
-from bridge.http import Listener
-from bridge.notebook import McpServer, Notebook, NotebookConfig
-from bridge.notebook.mcp import TOOLS
+from bridge.notebook import Notebook, NotebookConfig
 from bridge.state import open_state
+from bridge.web.listener import Listener
+from bridge.web.mcp import TOOLS, McpServer
 from tests.conftest import MCP_TOKENS, OWNER, REAL, ROOT, free_port
 from tests.fakes.telegram import TOKEN
 from tests.test_cli import _check, _env

@@ -14,10 +14,11 @@ import pytest
 
 from bridge.app import notebook_config
 from bridge.chat.transitions import ChatState, state_of
-from bridge.http import Listener
-from bridge.notebook import Notebook, OwnerApi
-from bridge.push.api import PushApi
+from bridge.notebook import Notebook
 from bridge.push.turns import PushError
+from bridge.web.listener import Listener
+from bridge.web.owner_api import OwnerApi
+from bridge.web.push_api import PushApi
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness

@@ -17,11 +17,13 @@ import httpx
 import pytest
 
 from bridge.app import notebook_config
-from bridge.http import Listener
-from bridge.notebook import McpServer, Notebook, OwnerApi
-from bridge.push.api import PushApi
+from bridge.notebook import Notebook
 from bridge.push.reminders import MAX_PER_CHAT, Reminders
 from bridge.push.turns import PushError
+from bridge.web.listener import Listener
+from bridge.web.mcp import McpServer
+from bridge.web.owner_api import OwnerApi
+from bridge.web.push_api import PushApi
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import FRIEND, OWNER, Harness

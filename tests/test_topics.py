@@ -17,10 +17,10 @@ import pytest
 
 from bridge.addressing import Address
 from bridge.app import notebook_config
-from bridge.http import Listener
 from bridge.notebook import Notebook
-from bridge.notebook.api import OwnerApi
-from bridge.push.api import PushApi
+from bridge.web.listener import Listener
+from bridge.web.owner_api import OwnerApi
+from bridge.web.push_api import PushApi
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness

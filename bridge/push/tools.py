@@ -1,5 +1,5 @@
 """The reminder tools the assistant has on the notebook's MCP connection (W9), in the owner's turns
-only (the same gate as the notes, :mod:`bridge.notebook.mcp`). Errors are text the model can act
+only (the same gate as the notes, :mod:`bridge.web.mcp`). Errors are text the model can act
 on: which field, what to send instead."""
 
 from __future__ import annotations

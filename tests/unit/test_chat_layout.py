@@ -59,27 +59,22 @@ def _parse(text: str) -> ast.Module:
 
 
 def _imports(name: str, text: str) -> set[str]:
-    """bridge-internal modules imported at module level (TYPE_CHECKING blocks aside)."""
+    """bridge-internal modules imported anywhere in the module: at module level, under
+    ``TYPE_CHECKING`` and inside functions alike — a type-only import is still a dependency."""
     package = ["bridge", *Path(name).with_suffix("").parts]
-    if package[-1] == "__init__":
-        package.pop()
-    else:
-        package.pop()
+    package.pop()  # the package a relative import starts from (an __init__'s is its own)
     found: set[str] = set()
-    tree = _parse(text)
-    for node in tree.body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue
-        for sub in ast.walk(node) if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) \
-                else []:
-            if isinstance(sub, ast.ImportFrom) and sub.level:
-                base = package[: len(package) - sub.level + 1]
-                target = ".".join([*base, *(sub.module.split(".") if sub.module else [])])
-                found.add(target)
-                if not sub.module:
-                    found.update(f"{target}.{a.name}" for a in sub.names)
-            elif isinstance(sub, ast.ImportFrom) and sub.module and sub.module.startswith("bridge"):
-                found.add(sub.module)
+    for sub in ast.walk(_parse(text)):
+        if isinstance(sub, ast.ImportFrom) and sub.level:
+            base = package[: len(package) - sub.level + 1]
+            target = ".".join([*base, *(sub.module.split(".") if sub.module else [])])
+            found.add(target)
+            if not sub.module:
+                found.update(f"{target}.{a.name}" for a in sub.names)
+        elif isinstance(sub, ast.ImportFrom) and sub.module and sub.module.startswith("bridge"):
+            found.add(sub.module)
+        elif isinstance(sub, ast.Import):
+            found.update(a.name for a in sub.names if a.name.startswith("bridge"))
     return found
 
 

@@ -20,11 +20,12 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from bridge.chat.transitions import Transitions
 from bridge.config import ConfigError, Settings, is_loopback
-from bridge.http import Listener
-from bridge.notebook import McpServer, Notebook, NotebookConfig, OwnerApi
-from bridge.notebook.mcp import TOOLS
+from bridge.notebook import Notebook, NotebookConfig
 from bridge.payloads import QueuedMessage
 from bridge.state import open_state
+from bridge.web.listener import Listener
+from bridge.web.mcp import TOOLS, McpServer
+from bridge.web.owner_api import OwnerApi
 
 MCP_TOKEN = "mcp-secret-1"
 API_TOKEN = "api-secret-1"

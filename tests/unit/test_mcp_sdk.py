@@ -19,9 +19,10 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 from bridge.chat.transitions import Transitions
-from bridge.http import Listener
-from bridge.notebook import McpServer, Notebook, NotebookConfig
+from bridge.notebook import Notebook, NotebookConfig
 from bridge.state import open_state
+from bridge.web.listener import Listener
+from bridge.web.mcp import McpServer
 from tests.conftest import free_port
 from tests.unit.test_mcp_protocol import owner_turn
 

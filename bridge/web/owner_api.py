@@ -1,6 +1,6 @@
 """The owner HTTP API (N9) on ``IVA_API_LISTEN``, behind ``Authorization: Bearer $IVA_API_TOKEN``.
 A request with a browser ``Origin`` is refused (403), and so is a body that is not
-``application/json`` (415) (S1, :mod:`bridge.http`).
+``application/json`` (415) (S1, :mod:`bridge.web.guards`).
 
 ``{chat}`` is the Telegram chat id, or ``<chat id>:<topic id>`` for a forum topic. Errors are
 JSON: ``{"error": "<what is wrong and what to do>", "code": "<short code>"}``.
@@ -23,10 +23,10 @@ from aiohttp import web
 
 from .. import log
 from ..addressing import Address
-from ..http import bearer_matches, browser_origin, not_json
+from ..notebook.rules import NoteError, totals
+from ..notebook.service import DEFAULT_VIEWER, Notebook
 from ..store import Store
-from .rules import NoteError, totals
-from .service import DEFAULT_VIEWER, Notebook
+from .guards import bearer_matches, browser_origin, not_json
 
 __all__ = ["OwnerApi"]
 

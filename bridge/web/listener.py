@@ -1,16 +1,9 @@
 """The local HTTP listener (``IVA_API_LISTEN``): ``/healthz``, ``/metrics`` (Prometheus text), and
-whatever else registers its routes: the notebook's MCP server (``/mcp``) and the owner API
-(``/v1/...``).
-
-What both of those refuse before anything else (S1), each in its own error format:
-:func:`browser_origin` (403: nothing here is meant for a web page, and a page on another site,
-or one that rebinds a name to 127.0.0.1, always sends ``Origin`` with a POST; eve and curl send
-none) and :func:`not_json` (415: a body that is not ``application/json``, e.g. the
-``text/plain`` or form posts a page may send without asking first)."""
+whatever else registers its routes: the notebook's MCP server (``/mcp``), the owner API
+(``/v1/...``) and the webhook (its own listener). The request guards are in :mod:`.guards`."""
 
 from __future__ import annotations
 
-import hmac
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -18,42 +11,23 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import log
-from .metrics import METRICS
+from .. import log
+from ..metrics import METRICS
 
 if TYPE_CHECKING:
     from diskqueue import DiskQueue
 
-    from .ingest import Ingest
-    from .store import Store
-    from .webhook import Webhook
+    from ..ingest import Ingest
+    from ..store import Store
+    from ..webhook import Webhook
 
-__all__ = ["Listener", "bearer_matches", "browser_origin", "not_json"]
+__all__ = ["OVERDUE_FACTOR", "Listener"]
 
 logger = log.get("bridge.http")
 
 POLL_STALE_AFTER = 120.0
 OVERDUE_FACTOR = 1.5  # a busy chat is overdue when it made no progress for 1.5 × IVA_BUSY_TIMEOUT
 REPLY_STALE_AFTER = 120.0  # a reply still not sent after this long: replies are failing
-
-
-def browser_origin(request: web.BaseRequest) -> str | None:
-    """The request's ``Origin`` header when it has one (every origin is refused), else None."""
-    return request.headers.get("origin")
-
-
-def not_json(request: web.BaseRequest) -> str | None:
-    """The content type of a POST/PUT/PATCH body that is not ``application/json``, else None (no
-    body at all is fine)."""
-    if request.method not in ("POST", "PUT", "PATCH") or not request.body_exists:
-        return None
-    return None if request.content_type == "application/json" else request.content_type
-
-
-def bearer_matches(request: web.BaseRequest, token: str) -> bool:
-    """``Authorization: Bearer <token>``, compared in constant time."""
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
 
 class Listener:

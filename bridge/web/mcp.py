@@ -32,14 +32,14 @@ from typing import Any
 from aiohttp import web
 
 from .. import log
-from ..http import bearer_matches, browser_origin, not_json
+from ..notebook.rules import INDEX, NoteError
+from ..notebook.service import Notebook
 from ..push.reminders import Reminders
 from ..push.tools import REMINDER_TOOLS, run_tool
 from ..push.turns import PushError
 from ..store import Chat, Store
 from ..toolschema import tool as _tool
-from .rules import INDEX, NoteError
-from .service import Notebook
+from .guards import bearer_matches, browser_origin, not_json
 
 __all__ = ["PROTOCOL_VERSION", "TOOLS", "McpServer"]
 

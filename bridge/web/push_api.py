@@ -1,5 +1,5 @@
 """The owner API's routes of the assistant writing first (W1-W8), behind the owner API's own
-checks (:meth:`bridge.notebook.api.OwnerApi.guard`: no browser ``Origin``, ``Authorization:
+checks (:meth:`bridge.web.owner_api.OwnerApi.guard`: no browser ``Origin``, ``Authorization:
 Bearer $IVA_API_TOKEN``, JSON bodies, a chat Iva knows — else 404). Errors are JSON naming the
 field at fault: ``{"error", "code", "field"}``.
 
@@ -19,8 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
-from .reminders import Reminders
-from .turns import PushError, Pushes
+from ..push.reminders import Reminders
+from ..push.turns import PushError, Pushes
 
 __all__ = ["PushApi"]
 
