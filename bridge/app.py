@@ -23,26 +23,27 @@ from aiogram.types import BotCommand, User
 
 import eve_client as eve
 
-from . import backoff, log, retention, systemd
+from . import backoff, log, systemd
 from .chat.services import ContextWindow, Services
 from .chat.worker import Scheduler
-from .commands import Commands
 from .config import Settings, listener_problem
-from .ingest import Ingest
+from .intake.commands import Commands
+from .intake.ingest import Ingest
+from .intake.webhook import Webhook
 from .metrics import METRICS
 from .notebook import Notebook, NotebookConfig, PressureTexts, Rebuilder
-from .pacing import Budget, Pacer
 from .people import PAIRING_SECONDS, link
 from .push.reminders import Reminders
 from .push.turns import Pushes
-from .sender import Sender, undecodable
-from .state import StateCorrupt, StateUnavailable, open_state
-from .texts import t
+from .storage import retention
+from .storage.state import StateCorrupt, StateUnavailable, open_state
+from .telegram.pacing import Budget, Pacer
+from .telegram.sender import Sender, undecodable
+from .telegram.texts import t
 from .web.listener import Listener
 from .web.mcp import McpServer
 from .web.owner_api import OwnerApi
 from .web.push_api import PushApi
-from .webhook import Webhook
 
 __all__ = ["Bridge", "make_bot", "run"]
 
@@ -54,7 +55,7 @@ WEDGED_AFTER = 120.0  # seconds without a round of the polling loop (long poll 2
 def make_bot(settings: Settings, *, clock: Callable[[], float] | None = None,
              sleep: Callable[[float], Awaitable[Any]] | None = None) -> Bot:
     """aiogram's Bot against ``IVA_TELEGRAM_API_URL`` (``{base}/bot{token}/{method}``), with the
-    one pacer in front of every call that posts or edits a message (bridge/pacing.py; ``clock``
+    one pacer in front of every call that posts or edits a message (bridge/telegram/pacing.py; ``clock``
     and ``sleep`` time its 429 holds, a test's own clock)."""
     session = AiohttpSession(api=TelegramAPIServer.from_base(settings.telegram_api_url))
     session.middleware(Pacer(Budget.of(settings), clock=clock or time.monotonic, sleep=sleep or asyncio.sleep))

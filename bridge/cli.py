@@ -26,8 +26,8 @@ from . import log
 from .chat import parking
 from .config import DEFAULT_BUSY_TIMEOUT, ConfigError, Settings, state_dir_of
 from .people import pairing_note
-from .sender import undecodable
-from .store import SchemaMismatch, read_status
+from .storage.store import SchemaMismatch, read_status
+from .telegram.sender import undecodable
 from .web.listener import OVERDUE_FACTOR
 
 __all__ = ["main"]

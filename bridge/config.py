@@ -153,7 +153,7 @@ class Settings:
     speak_cmd: tuple[str, ...] = ()
     speak_timeout: float = DEFAULT_SPEAK_TIMEOUT
     invite_hours: int = DEFAULT_INVITE_HOURS
-    # The pacer in front of every Bot API call that posts or edits a message (bridge/pacing.py).
+    # The pacer in front of every Bot API call that posts or edits a message (bridge/telegram/pacing.py).
     send_rate: float = DEFAULT_SEND_RATE
     send_chat_burst: int = DEFAULT_SEND_CHAT_BURST
     send_chat_rate: float = DEFAULT_SEND_CHAT_RATE

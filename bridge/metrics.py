@@ -33,7 +33,7 @@ class _Metrics:
                                   registry=r)
         self.poll_age = Gauge("iva_telegram_poll_age_seconds", "Seconds since the last successful getUpdates "
                               "(since start when none yet); /healthz turns 503 above 120", registry=r)
-        # The pacer (bridge/pacing.py, docs/pacing.md): what waits for Telegram's flood limits.
+        # The pacer (bridge/telegram/pacing.py, docs/pacing.md): what waits for Telegram's flood limits.
         self.pacer_waiting = Gauge("iva_pacer_queue_depth", "Messages waiting in the pacer for a chat's or the "
                                    "global send budget", registry=r)
         self.pacer_wait = Histogram(

@@ -29,14 +29,14 @@ import eve_client as eve
 from bridge.app import make_bot, notebook_config
 from bridge.chat.services import Services
 from bridge.chat.worker import Scheduler
-from bridge.commands import Commands
 from bridge.config import Settings
-from bridge.ingest import Ingest
+from bridge.intake.commands import Commands
+from bridge.intake.ingest import Ingest
 from bridge.notebook import Notebook, Rebuilder
 from bridge.push.reminders import Reminders
 from bridge.push.turns import Pushes
-from bridge.sender import Sender
-from bridge.store import Chat, Store
+from bridge.storage.store import Chat, Store
+from bridge.telegram.sender import Sender
 from diskqueue import Database, DiskQueue, State
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import TOKEN, UNPACED, FakeTelegram

@@ -23,8 +23,8 @@ import pytest
 
 from bridge.chat.transitions import ChatState, state_of
 from bridge.metrics import METRICS
-from bridge.state import StateCorrupt
-from bridge.store import CompactPhase
+from bridge.storage.state import StateCorrupt
+from bridge.storage.store import CompactPhase
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness
@@ -448,7 +448,7 @@ async def test_a_conflict_on_getupdates_does_not_stop_the_bridge(harness: Harnes
 
 async def test_a_bot_api_that_answers_long_polls_at_once_is_not_hammered(harness: Harness, tg: FakeTelegram):
     """An emulator that ignores getUpdates' timeout: empty polls keep a floor between them."""
-    from bridge.ingest import EMPTY_POLL_FLOOR
+    from bridge.intake.ingest import EMPTY_POLL_FLOOR
 
     tg.instant_polls = True
     first = len(tg.calls_of("getUpdates"))

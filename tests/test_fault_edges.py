@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from bridge.chat.transitions import ChatState, state_of
-from bridge.texts import t
+from bridge.telegram.texts import t
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness

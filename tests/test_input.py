@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bridge.payloads import QueuedMessage, Reply, decode
+from bridge.storage.payloads import QueuedMessage, Reply, decode
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import BOT_ID, BOT_USERNAME, FakeTelegram
 from tests.harness import OWNER, Harness

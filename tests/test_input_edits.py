@@ -1,6 +1,6 @@
 """Edits and albums arrive whole (issue 14), in process on the real store and the fakes.
 
-Edits (the rule is :mod:`bridge.edits`): a waiting message is corrected in place; one eve has
+Edits (the rule is :mod:`bridge.intake.edits`): a waiting message is corrected in place; one eve has
 gets a correction after it, once; an unchanged edit and a live location's moves do nothing; an
 edit racing the claim of its message makes one turn with one of the two texts. Albums: one turn
 with every file, even when the bridge is killed between two parts.

@@ -18,7 +18,7 @@ from aiohttp import web
 import eve_client as eve
 from bridge.chat.transitions import Transitions
 from bridge.notebook import Notebook, NotebookConfig
-from bridge.state import open_state
+from bridge.storage.state import open_state
 from bridge.web.listener import Listener
 from bridge.web.mcp import TOOLS, McpServer
 from tests.conftest import MCP_TOKENS, OWNER, REAL, ROOT, free_port

@@ -1,4 +1,4 @@
-"""The pacer (Q1–Q4, bridge/pacing.py) against the fake Bot API with Telegram's flood limits on
+"""The pacer (Q1–Q4, bridge/telegram/pacing.py) against the fake Bot API with Telegram's flood limits on
 (``tg_limited``: a call that breaks one is answered 429), in process on the real store.
 
 Each test checks the whole of what the people get: every answer whole, once, in order within its
@@ -16,7 +16,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from bridge.metrics import METRICS
-from bridge.pacing import Budget, Pacer, pacer_of
+from bridge.telegram.pacing import Budget, Pacer, pacer_of
 from tests.fakes.clock import FakeClock
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import BOT_USERNAME, PACED, FakeTelegram, FloodLimits

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from bridge.config import ConfigError, Settings
-from bridge.ingest import ALLOWED_UPDATES
+from bridge.intake.ingest import ALLOWED_UPDATES
 from tests.conftest import OWNER, STRANGER, Daemon, free_port
 from tests.fakes.telegram import TOKEN
 from tests.test_cli import _check, _env

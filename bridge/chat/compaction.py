@@ -16,9 +16,9 @@ import eve_client as eve
 
 from .. import log
 from ..metrics import METRICS
-from ..payloads import Origin
-from ..store import CancelMark, Chat, CompactPhase
-from ..texts import t
+from ..storage.payloads import Origin
+from ..storage.store import CancelMark, Chat, CompactPhase
+from ..telegram.texts import t
 from .delivery import GONE
 from .endings import lose
 from .services import Services

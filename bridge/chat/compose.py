@@ -14,7 +14,7 @@ the person's words (I1)::
 1 000 characters (then "…"); its attachments are named ("[photo]"), never sent again.
 
 An edit of a message eve already has comes as ``[correction of my earlier message] <the new
-words>`` (:mod:`bridge.edits`); the parts of an album go in one turn, every file a part, each
+words>`` (:mod:`bridge.intake.edits`); the parts of an album go in one turn, every file a part, each
 caption a line.
 """
 
@@ -34,7 +34,7 @@ import eve_client as eve
 
 from .. import log
 from ..metrics import METRICS
-from ..payloads import Attachment, PushedTurn, Queued, QueuedMessage, Reply, Spoken
+from ..storage.payloads import Attachment, PushedTurn, Queued, QueuedMessage, Reply, Spoken
 from .transcribe import TranscribeFailed, Transcriber
 
 __all__ = ["CORRECTION", "Composed", "compose", "framed"]

@@ -26,11 +26,11 @@ import eve_client as eve
 
 from .. import backoff, log
 from ..metrics import METRICS
-from ..payloads import InputAnswer, Kind, PromptButton, QueuedMessage, decode
 from ..push import turns as pushed
-from ..sender import Typing
-from ..store import Chat, CompactPhase
-from ..texts import number, t
+from ..storage.payloads import InputAnswer, Kind, PromptButton, QueuedMessage, decode
+from ..storage.store import Chat, CompactPhase
+from ..telegram.sender import Typing
+from ..telegram.texts import number, t
 from . import albums, draftids, speak
 from .compaction import Answer, Compaction
 from .delivery import GONE, Lost, Unheard, send

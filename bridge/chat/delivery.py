@@ -11,8 +11,8 @@ import structlog
 import eve_client as eve
 
 from .. import log
-from ..payloads import Queued, QueuedMessage, decode
 from ..push import turns as pushed
+from ..storage.payloads import Queued, QueuedMessage, decode
 from .compose import Composed, compose
 from .endings import say_unheard
 from .services import Services

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 from .. import log
 from ..metrics import METRICS
-from ..payloads import Kind, Origin, QueuedMessage, decode
 from ..push.turns import failed_line
-from ..texts import t
+from ..storage.payloads import Kind, Origin, QueuedMessage, decode
+from ..telegram.texts import t
 from .services import Services
 
 __all__ = ["fail_turn", "lose", "say_unheard", "unheard"]

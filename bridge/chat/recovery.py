@@ -11,9 +11,9 @@ from diskqueue import Message
 
 from .. import log
 from ..metrics import METRICS
-from ..payloads import Kind, Origin, decode
-from ..store import Chat, CompactPhase
-from ..texts import t
+from ..storage.payloads import Kind, Origin, decode
+from ..storage.store import Chat, CompactPhase
+from ..telegram.texts import t
 from .consumer import BusyPeriod
 from .delivery import GONE, Lost, Unheard, send
 from .endings import fail_turn, lose, unheard

@@ -27,8 +27,8 @@ from aiogram.types import BufferedInputFile
 
 from .. import log
 from ..config import Settings
-from ..payloads import QueuedMessage, Spoken, decode
-from ..render import render
+from ..storage.payloads import QueuedMessage, Spoken, decode
+from ..telegram.render import render
 from .services import Services
 from .transcribe import _drain, _end, _environment
 

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from diskqueue import DiskQueue, Message, State
 
-from ..payloads import InputAnswer, Kind, Origin, PushedTurn, QueuedMessage, decode
 from ..push import turns as pushed
-from ..store import CancelMark, Chat, ChatStatus, CompactPhase, Store
+from ..storage.payloads import InputAnswer, Kind, Origin, PushedTurn, QueuedMessage, decode
+from ..storage.store import CancelMark, Chat, ChatStatus, CompactPhase, Store
 from . import albums, draftids, parking
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ import time
 import eve_client as eve
 
 from .. import log
-from ..store import Store
+from ..storage.store import Store
 from .rules import needs_rebuild, rebuild_prompt, totals, validate_rebuild
 from .service import Notebook
 

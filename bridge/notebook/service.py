@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from diskqueue import Database
 
 from .. import log
-from ..store import Chat, Store
+from ..storage.store import Chat, Store
 from .rules import (
     INDEX,
     LIMITS,

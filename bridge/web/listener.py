@@ -17,9 +17,9 @@ from ..metrics import METRICS
 if TYPE_CHECKING:
     from diskqueue import DiskQueue
 
-    from ..ingest import Ingest
-    from ..store import Store
-    from ..webhook import Webhook
+    from ..intake.ingest import Ingest
+    from ..intake.webhook import Webhook
+    from ..storage.store import Store
 
 __all__ = ["OVERDUE_FACTOR", "Listener"]
 

@@ -37,7 +37,7 @@ from ..notebook.service import Notebook
 from ..push.reminders import Reminders
 from ..push.tools import REMINDER_TOOLS, run_tool
 from ..push.turns import PushError
-from ..store import Chat, Store
+from ..storage.store import Chat, Store
 from ..toolschema import tool as _tool
 from .guards import bearer_matches, browser_origin, not_json
 

@@ -22,10 +22,10 @@ from typing import Any
 from aiohttp import web
 
 from .. import log
-from ..addressing import Address
 from ..notebook.rules import NoteError, totals
 from ..notebook.service import DEFAULT_VIEWER, Notebook
-from ..store import Store
+from ..storage.address import Address
+from ..storage.store import Store
 from .guards import bearer_matches, browser_origin, not_json
 
 __all__ = ["OwnerApi"]

@@ -42,7 +42,7 @@ _INT_FIELDS = {"chat_id", "message_id", "offset", "limit", "timeout", "message_t
 
 
 # Tests that are not about pacing run without Telegram's flood limits (the product's defaults are
-# those limits, bridge/pacing.py): sends are never held back, drafts keep their own 0.3 s floor.
+# those limits, bridge/telegram/pacing.py): sends are never held back, drafts keep their own 0.3 s floor.
 # A pacing test passes its own IVA_SEND_* / IVA_DRAFT_RATE (or PACED) to override these.
 UNPACED = {"IVA_SEND_RATE": "100000", "IVA_SEND_CHAT_BURST": "1000", "IVA_SEND_CHAT_RATE": "100000",
            "IVA_SEND_GROUP_PER_MINUTE": "6000000", "IVA_DRAFT_RATE": "1000"}

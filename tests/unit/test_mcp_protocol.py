@@ -21,8 +21,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from bridge.chat.transitions import Transitions
 from bridge.config import ConfigError, Settings, is_loopback
 from bridge.notebook import Notebook, NotebookConfig
-from bridge.payloads import QueuedMessage
-from bridge.state import open_state
+from bridge.storage.payloads import QueuedMessage
+from bridge.storage.state import open_state
 from bridge.web.listener import Listener
 from bridge.web.mcp import TOOLS, McpServer
 from bridge.web.owner_api import OwnerApi

@@ -20,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 
 from bridge.chat.transitions import Transitions
 from bridge.notebook import Notebook, NotebookConfig
-from bridge.state import open_state
+from bridge.storage.state import open_state
 from bridge.web.listener import Listener
 from bridge.web.mcp import McpServer
 from tests.conftest import free_port

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from bridge.chat.parking import cooldown, in_turn_threshold, parking_decision, threshold
-from bridge.store import Chat, ChatStatus
+from bridge.storage.store import Chat, ChatStatus
 
 CHAT = Chat(
     address="1", chat_id=1, thread_id=None, lang="en", eve_session="wrun_1", status=ChatStatus.BUSY,

@@ -40,14 +40,14 @@ from aiogram.exceptions import TelegramRetryAfter
 from aiogram.methods.base import TelegramType
 from aiolimiter import AsyncLimiter
 
-from . import log
-from .metrics import METRICS
+from .. import log
+from ..metrics import METRICS
 
 if TYPE_CHECKING:
     from aiogram import Bot
     from aiogram.methods import Response, TelegramMethod
 
-    from .config import Settings
+    from ..config import Settings
 
 __all__ = ["Budget", "Paced", "Pacer", "kind_of", "pacer_of"]
 

@@ -15,20 +15,20 @@ from typing import TYPE_CHECKING
 from aiogram.exceptions import TelegramAPIError
 from aiogram.types import CallbackQuery, Message
 
-from . import log
+from .. import log
+from ..chat.services import Services
+from ..chat.transitions import ChatState, state_of
+from ..people import Redeemed, Role, link
+from ..storage.payloads import Kind, PeopleButton, QueuedMessage, decode
+from ..telegram.texts import number, t
 from .addressing import Address
-from .chat.services import Services
-from .chat.transitions import ChatState, state_of
-from .payloads import Kind, PeopleButton, QueuedMessage, decode
-from .people import Redeemed, Role, link
-from .push.chat import pressed, reminders_command
-from .texts import number, t
+from .reminders_command import pressed, reminders_command
 
 if TYPE_CHECKING:
     from aiogram.types import CallbackQuery
 
-    from .chat.worker import Scheduler
-    from .push.reminders import Reminders
+    from ..chat.worker import Scheduler
+    from ..push.reminders import Reminders
 
 __all__ = ["Commands"]
 

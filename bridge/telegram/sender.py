@@ -32,11 +32,11 @@ from aiogram.types import (
     ReplyParameters,
 )
 
-from . import backoff, log
-from .metrics import METRICS
+from .. import backoff, log
+from ..metrics import METRICS
+from ..storage.store import Outgoing, Store
 from .pacing import Paced, pacer_of
 from .render import Chunk, render
-from .store import Outgoing, Store
 
 __all__ = ["ChatGone", "EphemeralRefused", "Sender", "TopicGone", "Typing", "topic_gone", "undecodable"]
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 from diskqueue import DiskQueue
 
-from . import log
-from .push.store import PushStore
+from .. import log
+from .pushes import PushStore
 from .state import StateCorrupt, corrupt
 from .store import Store
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from diskqueue import Database, DatabaseError, DiskQueue
 
-from . import backoff, log
+from .. import backoff, log
 from .store import Store
 
 __all__ = ["OpenedState", "StateCorrupt", "StateUnavailable", "corrupt", "open_state"]

@@ -38,10 +38,10 @@ from aiogram.exceptions import (
 from aiogram.types import Update
 from aiohttp import web
 
-from . import backoff, log
+from .. import backoff, log
+from ..metrics import METRICS
+from ..storage.state import StateCorrupt
 from .ingest import ALLOWED_UPDATES
-from .metrics import METRICS
-from .state import StateCorrupt
 
 if TYPE_CHECKING:
     from .ingest import Ingest
