@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from .errors import BridgeError
+
 __all__ = ["ConfigError", "Settings", "is_loopback", "listener_problem", "state_dir_of"]
 
 DEFAULT_TELEGRAM_API_URL = "https://api.telegram.org"
@@ -102,7 +104,7 @@ def listener_problem(listen: str, notes_enabled: bool, mcp_token: str | None) ->
     return None
 
 
-class ConfigError(Exception):
+class ConfigError(BridgeError):
     """Every problem found in the environment, one line each."""
 
     def __init__(self, problems: list[str]) -> None:

@@ -19,7 +19,6 @@ from ..metrics import METRICS
 from ..storage.payloads import Origin
 from ..storage.store import CancelMark, Chat, CompactPhase
 from ..telegram.texts import t
-from .delivery import GONE
 from .endings import lose
 from .services import Services
 
@@ -106,7 +105,7 @@ class Compaction:
                 self.phase = CompactPhase.ACCEPTED
             await self.send_cancel()  # a message asked for it before eve had the compaction
             return False
-        if isinstance(result, eve.Accepted) or isinstance(result, GONE):
+        if isinstance(result, eve.Accepted) or isinstance(result, eve.SessionGone):
             await lose(self.s, self.address, self.claim, f"compact: {result}")
             return True
         logger.warning("compaction_request_failed", error=str(result))

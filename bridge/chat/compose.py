@@ -33,6 +33,7 @@ from aiogram import Bot
 import eve_client as eve
 
 from .. import log
+from ..errors import BridgeError
 from ..metrics import METRICS
 from ..storage.payloads import Attachment, PushedTurn, Queued, QueuedMessage, Reply, Spoken
 from .transcribe import TranscribeFailed, Transcriber
@@ -113,7 +114,7 @@ def framed(reply: Reply) -> str:
                      for i, line in enumerate(lines))
 
 
-class TooBig(Exception):
+class TooBig(BridgeError):
     pass
 
 

@@ -33,7 +33,7 @@ from ..telegram.sender import Typing
 from ..telegram.texts import number, t
 from . import albums, draftids, speak
 from .compaction import Answer, Compaction
-from .delivery import GONE, Lost, Unheard, send
+from .delivery import Lost, Unheard, send
 from .endings import lose, say_unheard
 from .live import Draft, progress_line
 from .services import Services, Slot
@@ -221,7 +221,7 @@ class BusyPeriod:
             if item is _STREAM_END:
                 await self._lose("eve closed the session stream")
                 return
-            if isinstance(item, GONE):
+            if isinstance(item, eve.SessionGone):
                 await self._lose(str(item))
                 return
             if isinstance(item, eve.EveError):
@@ -627,7 +627,7 @@ class BusyPeriod:
                     {"requestId": a.request_id, "optionId": a.option_id}
                     for a in (decode(m.payload) for m in answers) if isinstance(a, InputAnswer)
                 ])
-            except GONE as exc:
+            except eve.SessionGone as exc:
                 await s.queue.nack([m.id for m in answers], claim=steer)
                 await lose(s, self.address, claim, str(exc))
                 return True

@@ -15,7 +15,7 @@ from ..storage.payloads import Kind, Origin, decode
 from ..storage.store import Chat, CompactPhase
 from ..telegram.texts import t
 from .consumer import BusyPeriod
-from .delivery import GONE, Lost, Unheard, send
+from .delivery import Lost, Unheard, send
 from .endings import fail_turn, lose, unheard
 from .services import Services, Slot
 
@@ -41,7 +41,7 @@ async def resume(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
     if not chat.deliveries:
         try:
             page = await s.eve.read(chat.eve_session, chat.cursor)
-        except GONE as exc:
+        except eve.SessionGone as exc:
             await lose(s, chat.address, chat.claim, str(exc))
             return
         if not any(isinstance(e, eve.TurnStarted | eve.MessageReceived) for e in page.events):
@@ -131,7 +131,7 @@ async def _resume_compaction(s: Services, inbox: asyncio.Queue[object], chat: Ch
         return
     try:
         page = await s.eve.read(chat.eve_session, chat.cursor)
-    except GONE as exc:
+    except eve.SessionGone as exc:
         await lose(s, chat.address, chat.claim, str(exc))
         return
     if any(isinstance(e, eve.CompactionRequested) for e in page.events):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from diskqueue import DiskQueue, Message, State
 
+from ..errors import BridgeError
 from ..push import turns as pushed
 from ..storage.payloads import InputAnswer, Kind, Origin, PushedTurn, QueuedMessage, decode
 from ..storage.store import CancelMark, Chat, ChatStatus, CompactPhase, Store
@@ -64,7 +65,7 @@ def state_of(chat: Chat) -> ChatState:
     return ChatState.RELEASED if chat.compact_phase is CompactPhase.RELEASED else ChatState.IDLE
 
 
-class IllegalTransition(Exception):
+class IllegalTransition(BridgeError):
     """The transition is not defined from the chat's current state."""
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from diskqueue import Database
 
+from ..errors import BridgeError
 from .payloads import Kind, Origin
 
 __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "Outgoing",
@@ -755,7 +756,7 @@ def people_meta(path: Path) -> dict[str, str]:
         conn.close()
 
 
-class SchemaMismatch(Exception):
+class SchemaMismatch(BridgeError):
     """The state database's schema is not this Iva's (``iva status`` never migrates)."""
 
     def __init__(self, version: int) -> None:

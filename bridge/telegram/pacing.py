@@ -41,6 +41,7 @@ from aiogram.methods.base import TelegramType
 from aiolimiter import AsyncLimiter
 
 from .. import log
+from ..errors import BridgeError
 from ..metrics import METRICS
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ SLOW_FOR = 30.0  # seconds the global budget runs at half speed after that
 _IDLE_CHAT = 120.0  # a chat's budgets are forgotten after this long without a call (when many)
 
 
-class Paced(Exception):
+class Paced(BridgeError):
     """A draft frame or a typing action not sent now (never queued): try again in ``retry_in``."""
 
     def __init__(self, kind: Kind, why: str, retry_in: float) -> None:

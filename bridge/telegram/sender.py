@@ -33,6 +33,7 @@ from aiogram.types import (
 )
 
 from .. import backoff, log
+from ..errors import BridgeError
 from ..metrics import METRICS
 from ..storage.store import Outgoing, Store
 from .pacing import Paced, pacer_of
@@ -54,11 +55,11 @@ def undecodable(exc: ClientDecodeError) -> str:
     return f"{exc.message} ({exc.original})"
 
 
-class ChatGone(Exception):
+class ChatGone(BridgeError):
     """The bot was blocked, kicked, or the chat (or topic) no longer exists."""
 
 
-class EphemeralRefused(Exception):
+class EphemeralRefused(BridgeError):
     """Telegram would not show a message to one person alone (S7) and the caller wanted no
     plain fallback."""
 
