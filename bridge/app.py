@@ -37,6 +37,7 @@ from .push.reminders import Reminders
 from .push.turns import Pushes
 from .storage import retention
 from .storage.state import StateCorrupt, StateUnavailable, open_state
+from .storage.store import OtherBot, SchemaTooNew
 from .telegram.pacing import Budget, Pacer
 from .telegram.sender import Sender, undecodable
 from .telegram.texts import t
@@ -45,9 +46,13 @@ from .web.mcp import McpServer
 from .web.owner_api import OwnerApi
 from .web.push_api import PushApi
 
-__all__ = ["Bridge", "make_bot", "run"]
+__all__ = ["EXIT_OTHER_BOT", "EXIT_SCHEMA_NEWER", "Bridge", "make_bot", "run"]
 
 logger = log.get("bridge.app")
+
+# Exit codes a restart cannot change: systemd's units list them in RestartPreventExitStatus=.
+EXIT_SCHEMA_NEWER = 6  # the state was written by a newer Iva
+EXIT_OTHER_BOT = 7  # the state is another bot's
 
 WEDGED_AFTER = 120.0  # seconds without a round of the polling loop (long poll 25 s + backoff 30 s)
 
@@ -165,6 +170,7 @@ class Bridge:
             if me is None:
                 logger.info("bridge_stopped_before_ready")
                 return
+            await store.claim_bot(me.id)  # another bot's state: its message ids would be taken for ours
             sender = Sender(bot, store)
             notebook = Notebook(db, store, notebook_config(s))
             rebuilder = Rebuilder(notebook, store, client)
@@ -279,4 +285,10 @@ async def run(settings: Settings) -> int:
     except StateCorrupt:
         # Logged where it was found; the restart's check moves the file aside (R5).
         return 5
+    except SchemaTooNew as exc:
+        logger.error("state_schema_newer", path=str(settings.db_path), problem=str(exc))
+        return EXIT_SCHEMA_NEWER
+    except OtherBot as exc:
+        logger.error("state_of_another_bot", path=str(settings.db_path), problem=str(exc))
+        return EXIT_OTHER_BOT
     return 0

@@ -225,3 +225,23 @@ async def test_check_wants_https_and_no_delivery_error(tg, fake_eve):
     tg.garble["getWebhookInfo"] = 1  # an answer it cannot read: one line
     code, out = await _check(https)
     assert code != 0 and "getWebhookInfo failed" in out and "Traceback" not in out, out
+
+
+async def test_a_secret_header_that_is_not_utf8_is_401_not_500(tg, fake_eve, daemon_factory):
+    """Bytes that are not UTF-8 in the secret header are a wrong secret: 401, no traceback."""
+    hook = webhook_env()
+    daemon = daemon_factory(fake_eve.url, fake_eve.token, **hook)
+    await daemon.start()
+    port = int(hook["IVA_WEBHOOK_LISTEN"].rpartition(":")[2])
+    body = json.dumps({"update_id": 777_003, **tg.make_message("forged", user_id=OWNER)}).encode()
+    for secret in (b"\xff\xfe", SECRET.encode() + b"\x80", b"\xc3("):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST " + HOOK_PATH.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nX-Telegram-Bot-Api-Secret-Token: " + secret
+                     + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        await writer.drain()
+        status = await reader.readuntil(b"\r\n")
+        writer.close()
+        assert status.startswith(b"HTTP/1.1 401"), (secret, status)
+    await daemon.settled()
+    assert tg.texts() == [] and "Traceback" not in daemon.logs()

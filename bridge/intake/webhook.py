@@ -205,7 +205,9 @@ class Webhook:
     # -- one delivery -----------------------------------------------------------------------
 
     async def receive(self, request: web.Request) -> web.Response:
-        given = request.headers.get(SECRET_HEADER, "").encode()
+        # A header's bytes that are not UTF-8 arrive as surrogate escapes: compared as the bytes
+        # they were (a wrong secret, 401), never an encoding error (a 500 with a traceback).
+        given = request.headers.get(SECRET_HEADER, "").encode("utf-8", "surrogateescape")
         if not hmac.compare_digest(given, self.secret):
             logger.warning("webhook_unauthorized", peer=request.remote, secret_given=bool(given))
             return web.Response(status=401, text="unauthorized")

@@ -22,10 +22,10 @@ from diskqueue import Database
 from ..errors import BridgeError
 from .payloads import Kind, Origin
 
-__all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "Outgoing",
-           "SchemaMismatch", "Store", "mint_pairing_code", "people_meta", "read_status"]
+__all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "OtherBot",
+           "Outgoing", "SchemaMismatch", "SchemaTooNew", "Store", "mint_pairing_code", "people_meta", "read_status"]
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -227,6 +227,14 @@ _MIGRATIONS: dict[int, str] = {
     );
     ALTER TABLE outbox ADD COLUMN receiver INTEGER
     """,
+    # What the state belongs to: the bot's id (a dedupe key names a chat and a message id, and
+    # another bot's message ids start over), written at the first start that knows it.
+    10: """
+    CREATE TABLE iva_meta (
+        key         TEXT PRIMARY KEY,
+        value       TEXT NOT NULL
+    )
+    """,
 }
 
 
@@ -368,15 +376,46 @@ _CHAT_COLUMNS = frozenset(
 )
 
 
+class SchemaTooNew(Exception):
+    """The state database was written by a newer Iva (its schema is past this one's): this Iva
+    must not run on it, and a restart changes nothing (exit 6, which systemd does not restart)."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        super().__init__(f"state schema {version} is newer than this Iva's {SCHEMA_VERSION}: run the Iva that "
+                         "wrote it (or a newer one)")
+
+
+class OtherBot(Exception):
+    """The state directory is another bot's: its dedupe keys and chats are that bot's, and this
+    one's message ids would collide with them (exit 7, not restarted)."""
+
+    def __init__(self, stored: int, mine: int) -> None:
+        self.stored, self.mine = stored, mine
+        super().__init__(f"the state belongs to bot {stored}, not to this token's bot {mine}: give each bot its "
+                         "own state directory (IVA_STATE_DIR; iva@.service does)")
+
+
 class Store:
     def __init__(self, db: Database) -> None:
         self.db = db
+
+    async def claim_bot(self, bot_id: int) -> None:
+        """The state is this bot's: written at the first start, checked at every one after
+        (raises :class:`OtherBot`)."""
+        async with self.db.transaction():
+            await self.db.execute("INSERT INTO iva_meta (key, value) VALUES ('bot_id', ?) ON CONFLICT (key) DO NOTHING",
+                                  (str(bot_id),))
+            row = await self.db.fetchone("SELECT value FROM iva_meta WHERE key = 'bot_id'")
+        stored = int(row[0]) if row is not None else bot_id
+        if stored != bot_id:
+            raise OtherBot(stored, bot_id)
 
     async def migrate(self) -> None:
         row = await self.db.fetchone("PRAGMA user_version")
         version = int(row[0]) if row else 0
         if version > SCHEMA_VERSION:
-            raise RuntimeError(f"state schema {version} is newer than this Iva ({SCHEMA_VERSION})")
+            raise SchemaTooNew(version)
         for step in range(version + 1, SCHEMA_VERSION + 1):
             async with self.db.transaction():
                 for statement in filter(str.strip, _MIGRATIONS[step].split(";")):
