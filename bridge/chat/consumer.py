@@ -71,6 +71,7 @@ class BusyPeriod:
         self.turn_ended = False
         self.prompted = False
         self.measurement: int | None = None
+        self.first_measurement: int | None = None  # a compaction's "after" (seed 004)
         self.compaction = Compaction(s, inbox, chat) if chat.kind is Kind.COMPACT else None
         self.progress = time.monotonic()
         timeout = s.settings.busy_timeout
@@ -326,6 +327,7 @@ class BusyPeriod:
                 usage = event.usage
                 if usage is not None and usage.input_tokens is not None:
                     self.measurement = usage.input_tokens
+                    self.first_measurement = self.first_measurement or usage.input_tokens
                 if usage is not None:
                     self.usage[0] += 1
                     self.usage[1] += usage.input_tokens or 0
@@ -433,6 +435,7 @@ class BusyPeriod:
             parked = await s.transitions.park(
                 self.address, claim, cursor=self.cursor, measurement=self.measurement, threshold=s.threshold(),
                 may_compact=not s.requests.outstanding(self.address), announced=self.announced,
+                first=self.first_measurement,
             )
             await self._commit_spend()
             chat = parked.chat
