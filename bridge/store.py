@@ -24,7 +24,7 @@ from .payloads import Kind, Origin
 __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "Outgoing",
            "SchemaMismatch", "Store", "mint_pairing_code", "people_meta", "read_status"]
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 12
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -225,6 +225,17 @@ _MIGRATIONS: dict[int, str] = {
         gone_at     REAL NOT NULL
     );
     ALTER TABLE outbox ADD COLUMN receiver INTEGER
+    """,
+    10: "",  # filled by another branch
+    11: "",  # filled by another branch
+    # Every notebook write is visible (seed 000): what the model's turn changed, by the turn's
+    # claim — told with the answer, marked by /notes until the next owner turn changes something.
+    12: """
+    CREATE TABLE notes_turn (
+        address     TEXT PRIMARY KEY,
+        claim       TEXT NOT NULL,
+        changes     TEXT NOT NULL DEFAULT '[]'
+    )
     """,
 }
 

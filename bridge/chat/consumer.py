@@ -31,7 +31,7 @@ from ..push import turns as pushed
 from ..sender import Typing
 from ..store import Chat, CompactPhase
 from ..texts import number, t
-from . import albums, draftids, speak
+from . import albums, draftids, notewrites, speak
 from .compaction import Answer, Compaction
 from .delivery import GONE, Lost, Unheard, send
 from .endings import lose, say_unheard
@@ -439,6 +439,7 @@ class BusyPeriod:
             )
             await self._commit_spend()
             chat = parked.chat
+            told = await notewrites.tell_writes(s, chat, claim, parked.inflight)  # seed 000: every write visible
             if parked.after_before is not None and parked.decision.after is not None:
                 await s.outbox.say(chat, f"after:{self.cursor}:{chat.claim}",
                                    t("compact_after", chat.compact_lang or chat.lang, after=number(parked.decision.after),
@@ -449,6 +450,8 @@ class BusyPeriod:
                     **parked.decision.updates)
         if parked.after_before is not None:
             await s.outbox.flush(self.address)
+        if told is not None:
+            await s.outbox.flush(told)
         if chat.owner_turn and s.rebuilder is not None and s.rebuilder.wanted(self.address):
             # N7: after the turn, beside the compaction, never in front of the reply (sent already).
             s.spawn(s.rebuilder.maybe_run(self.address))
