@@ -31,7 +31,7 @@ from ..storage.payloads import InputAnswer, Kind, PromptButton, QueuedMessage, d
 from ..storage.store import Chat, CompactPhase
 from ..telegram.sender import Typing
 from ..telegram.texts import number, t
-from . import albums, draftids, speak
+from . import albums, draftids, notewrites, speak
 from .compaction import Answer, Compaction
 from .delivery import Lost, Unheard, send
 from .endings import lose, say_unheard
@@ -71,6 +71,7 @@ class BusyPeriod:
         self.turn_ended = False
         self.prompted = False
         self.measurement: int | None = None
+        self.first_measurement: int | None = None  # a compaction's "after" (seed 004)
         self.compaction = Compaction(s, inbox, chat) if chat.kind is Kind.COMPACT else None
         self.progress = time.monotonic()
         timeout = s.settings.busy_timeout
@@ -326,6 +327,7 @@ class BusyPeriod:
                 usage = event.usage
                 if usage is not None and usage.input_tokens is not None:
                     self.measurement = usage.input_tokens
+                    self.first_measurement = self.first_measurement or usage.input_tokens
                 if usage is not None:
                     self.usage[0] += 1
                     self.usage[1] += usage.input_tokens or 0
@@ -433,9 +435,11 @@ class BusyPeriod:
             parked = await s.transitions.park(
                 self.address, claim, cursor=self.cursor, measurement=self.measurement, threshold=s.threshold(),
                 may_compact=not s.requests.outstanding(self.address), announced=self.announced,
+                first=self.first_measurement,
             )
             await self._commit_spend()
             chat = parked.chat
+            told = await notewrites.tell_writes(s, chat, claim, parked.inflight)  # seed 000: every write visible
             if parked.after_before is not None and parked.decision.after is not None:
                 await s.outbox.say(chat, f"after:{self.cursor}:{chat.claim}",
                                    t("compact_after", chat.compact_lang or chat.lang, after=number(parked.decision.after),
@@ -446,6 +450,8 @@ class BusyPeriod:
                     **parked.decision.updates)
         if parked.after_before is not None:
             await s.outbox.flush(self.address)
+        if told is not None:
+            await s.outbox.flush(told)
         if chat.owner_turn and s.rebuilder is not None and s.rebuilder.wanted(self.address):
             # N7: after the turn, beside the compaction, never in front of the reply (sent already).
             s.spawn(s.rebuilder.maybe_run(self.address))

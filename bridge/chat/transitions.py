@@ -338,7 +338,7 @@ class Transitions:
     # -- the ways out of a turn --------------------------------------------------------------
 
     async def park(self, address: str, claim: str, *, cursor: int, measurement: int | None, threshold: int,
-                   may_compact: bool, announced: bool = False) -> Parked:
+                   may_compact: bool, announced: bool = False, first: int | None = None) -> Parked:
         """busy(turn) → idle, or straight into busy(compacting, auto) in the same commit (C1, C2);
         → released when a compaction released before this turn is still outstanding at eve and
         was not announced during it (C6: the consumer watches for it)."""
@@ -347,7 +347,7 @@ class Transitions:
             outstanding = chat.compact_phase is CompactPhase.RELEASED and not announced
             may_compact = may_compact and not outstanding  # C5: never a second request
             now = self.clock()
-            decision = parking.parking_decision(chat, measurement, threshold, now=now)
+            decision = parking.parking_decision(chat, measurement, threshold, first=first, now=now)
             inflight = await self._ack_inflight(chat)
             fields: dict[str, Any] = {**_IDLE, "cursor": cursor, "progress_at": now, "turns": chat.turns + 1,
                                       **decision.updates}

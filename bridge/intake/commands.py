@@ -16,6 +16,7 @@ from aiogram.exceptions import TelegramAPIError
 from aiogram.types import CallbackQuery, Message
 
 from .. import log
+from ..chat.notewrites import changes_line
 from ..chat.services import Services
 from ..chat.transitions import ChatState, state_of
 from ..people import Redeemed, Role, link
@@ -412,10 +413,14 @@ class Commands:
         changed = [n for n in notes if n not in new and seen is not None and n.updated_at > seen]
         lines = [t("notes_header", lang, n=len(notes), chars=sum(len(n.body) for n in notes),
                    mode=chat.notes_mode if chat else "inline", new=len(new), changed=len(changed))]
+        last = await notebook.last_turn(addr)  # seed 000: what the last turn wrote is marked
+        touched = {name for name, _ in last}
         for n in notes:
             mark = "🆕" if n in new else "✏️" if n in changed else "•"
             pin = " 📌" if n.pinned else ""
-            lines.append(f"{mark} {n.name}{pin} — {n.description}")
+            lines.append(f"{mark} {n.name}{pin} — {n.description}{' 📝' if n.name in touched else ''}")
+        if last:
+            lines.append(t("notes_last_turn", lang, what=changes_line(last, lang)))
         lines.append(t("notes_hint", lang))
         await notebook.mark_seen(addr)  # a look: every client shares this server-side mark
         return "\n".join(lines)

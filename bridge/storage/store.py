@@ -25,7 +25,7 @@ from .payloads import Kind, Origin
 __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "OtherBot",
            "Outgoing", "SchemaMismatch", "SchemaTooNew", "Store", "mint_pairing_code", "people_meta", "read_status"]
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 12
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -233,6 +233,16 @@ _MIGRATIONS: dict[int, str] = {
     CREATE TABLE iva_meta (
         key         TEXT PRIMARY KEY,
         value       TEXT NOT NULL
+    )
+    """,
+    11: "",  # reserved: the dead messages (filled by the branch that adds them)
+    # Every notebook write is visible (seed 000): what the model's turn changed, by the turn's
+    # claim — told with the answer, marked by /notes until the next owner turn changes something.
+    12: """
+    CREATE TABLE notes_turn (
+        address     TEXT PRIMARY KEY,
+        claim       TEXT NOT NULL,
+        changes     TEXT NOT NULL DEFAULT '[]'
     )
     """,
 }

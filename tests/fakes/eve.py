@@ -590,6 +590,25 @@ class FakeEve:
                         step += 1
                     texts[-1] = _MCP.sub("", texts[-1])
                     clean, marks = _markers(texts[-1])
+                values = [int(v) for v in marks.get("steps", "").split(",") if v.strip()]
+                if values:
+                    # Like fake_llm's [[steps=A,B,C]]: a tool-using turn whose inputs grow, one
+                    # model call per value, a noop tool call in each but the last.
+                    tokens = values[min(step, len(values) - 1)]
+                if values and step < len(values) - 1:
+                    call = f"call_fake_{seq}_{step}"
+                    await self._emit(s, "actions.requested", {"actions": [{"callId": call, "input": {},
+                                                                           "kind": "tool-call", "toolName": "noop"}],
+                                                              "stepIndex": step, **turn}, deliveries)
+                    await self._emit(s, "action.result", {"result": {"callId": call, "kind": "tool-result",
+                                                                     "output": {"ok": True}, "toolName": "noop"},
+                                                          "status": "completed", "stepIndex": step, **turn}, deliveries)
+                    await self._emit(s, "step.completed", {"finishReason": "tool-calls", "stepIndex": step, **turn,
+                                                           "usage": {"inputTokens": tokens, "outputTokens": 5,
+                                                                     "cacheReadTokens": 0}}, deliveries)
+                    s.usage_in += tokens
+                    step += 1
+                    continue
                 if "tool" in marks and step == 0:
                     call = f"call_fake_{seq}_{step}"
                     await self._emit(s, "action.input.appended", {"callId": call, "inputTextDelta": "{}",
