@@ -148,6 +148,27 @@ async def test_a_compaction_eve_announces_before_a_waiting_turn_tells_the_person
         await h.stop()
 
 
+async def test_a_message_just_after_a_late_announcement_gets_the_notice_and_is_held(tmp_path: Path, tg: FakeTelegram,
+                                                                                   fake_eve: FakeEve):
+    """C6/C3, seed 004: eve announced the released compaction (compaction.requested is written)
+    but the bridge's stream has not brought it yet when a message arrives. The notice and the
+    hold are one decision: the message is held until the compaction ends, never sent into it
+    (before: the poke ended the watch, the message went to eve as a turn while eve compacted,
+    and that turn's consumer gave the notice)."""
+    h = await behind_a_late_compaction(tmp_path, tg, fake_eve, summary_delay=1.0)
+    try:
+        fake_eve.stream_lag = 0.5
+        await h.until(lambda: eve_compacting(fake_eve), what="eve announcing the compaction")
+        await tg.message("second", user_id=OWNER)
+        await h.settled()
+        assert tg.texts() == ["echo: big", "Compacting the conversation, I'll answer soon.", "echo: second"]
+        assert fake_eve.sends_while_compacting == 0
+        chat = await h.chat()
+        assert state_of(chat) is ChatState.IDLE and chat.compact_phase is None and chat.compactions == 1
+    finally:
+        await h.stop()
+
+
 async def test_a_stuck_session_is_lost_after_the_busy_timeout(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
     """R2/R3: no progress within IVA_BUSY_TIMEOUT → the chat is free with the reset mark, the
     person is asked to repeat; the next message starts a new session."""

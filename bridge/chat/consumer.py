@@ -239,28 +239,49 @@ class BusyPeriod:
                 self.reader = asyncio.create_task(self._reader(), name=f"stream:{self.address}")
                 continue
             assert isinstance(item, eve.Event)
-            self.progress = time.monotonic()
-            self.cursor = item.index + 1
-            if isinstance(item, eve.SessionCompleted | eve.SessionFailed):
-                await self._lose(item.type)
+            if await self._apply(item):
                 return
-            try:
-                if self.compaction is not None:
-                    done = await self.compaction.on_event(item, self.cursor)
-                    self._sync_claim()
-                else:
-                    done = await self._on_turn_event(item)
-            except BAD_EVENT:
-                # F6: an event we cannot take (a field of a shape no handler expects) is logged
-                # and skipped: its transaction rolled back, the next effect moves the cursor past
-                # it. Replaying it after a restart skips it again; it never wedges the chat.
-                # Faults of the database, eve or Telegram are not in BAD_EVENT: they propagate
-                # and the worker retries from the cursor.
-                METRICS.eve_errors.labels(kind="event").inc()
-                logger.exception("eve_event_skipped", type=item.type, index=item.index, event_id=item.id)
-                continue
-            if done:
-                return
+
+    async def _apply(self, item: eve.Event) -> bool:
+        """One event of eve's stream. True when this busy period ended."""
+        if item.index < self.cursor:
+            return False  # applied already (read ahead of the stream)
+        self.progress = time.monotonic()
+        self.cursor = item.index + 1
+        if isinstance(item, eve.SessionCompleted | eve.SessionFailed):
+            await self._lose(item.type)
+            return True
+        try:
+            if self.compaction is not None:
+                done = await self.compaction.on_event(item, self.cursor)
+                self._sync_claim()
+                return done
+            return await self._on_turn_event(item)
+        except BAD_EVENT:
+            # F6: an event we cannot take (a field of a shape no handler expects) is logged
+            # and skipped: its transaction rolled back, the next effect moves the cursor past
+            # it. Replaying it after a restart skips it again; it never wedges the chat.
+            # Faults of the database, eve or Telegram are not in BAD_EVENT: they propagate
+            # and the worker retries from the cursor.
+            METRICS.eve_errors.labels(kind="event").inc()
+            logger.exception("eve_event_skipped", type=item.type, index=item.index, event_id=item.id)
+            return False
+
+    async def _read_ahead(self) -> bool:
+        """C6: a message came while we watch a released compaction. eve may have announced it
+        already, in what the open stream has not brought yet: read eve's stream to its tail
+        and apply it up to the announcement. True when it was announced (the chat is taken
+        again: the message waits for the compaction and hears the C3 notice)."""
+        try:
+            page = await self.s.eve.read(self.session, self.cursor)
+        except eve.EveError:
+            return False  # the stream decides, as before
+        for event in page.events:
+            if await self._apply(event):
+                return False
+            if isinstance(event, eve.CompactionRequested):
+                return self.compaction is not None and not self.compaction.released
+        return False
 
     def _sync_claim(self) -> None:
         if self.compaction is not None:
@@ -503,9 +524,14 @@ class BusyPeriod:
         if c is not None:
             if c.released:
                 # While we only watch, a message (or a /compact that took the free chat) ends the
-                # watch: the worker takes it from here; eve's compaction events then show up in
-                # that consumer's stream.
-                return chat.busy or bool(await self.s.queue.depth(self.address))
+                # watch — unless eve announced the compaction meanwhile: the worker takes it from
+                # here; eve's later compaction events then show up in that consumer's stream.
+                if chat.busy:
+                    return True
+                if not await self.s.queue.depth(self.address):
+                    return False
+                if not await self._read_ahead():
+                    return True
             if self.s.settings.turn_policy == "immediate" and await pushed.person_depth(self.s.store.db, self.address):
                 await c.interrupt()  # C4 (a pushed turn waits for the compaction instead)
             return False
