@@ -97,6 +97,7 @@ class Webhook:
         self.commit_wait = commit_wait
         self.retry = retry  # a busy port or a refused setWebhook: tried again, slowly
         self.status = WebhookStatus()
+        self.delivered_at: float | None = None  # time.time() of the last delivery taken (/metrics)
         self._order = asyncio.Lock()  # commits one at a time, in arrival order
         self._inflight: dict[int, tuple[asyncio.Task[None], float]] = {}  # update id → (commit, started)
         self._fatal: asyncio.Future[BaseException] | None = None
@@ -257,6 +258,7 @@ class Webhook:
             return web.Response(status=503, text="not stored yet")
         except StateCorrupt:
             return web.Response(status=503, text="state unavailable")  # the bridge is stopping
+        self.delivered_at = time.time()
         return web.Response(status=200)
 
     def _commit(self, update: Update) -> asyncio.Task[None]:

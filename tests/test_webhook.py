@@ -308,3 +308,19 @@ async def test_a_busy_port_or_a_refused_set_webhook_is_retried_with_the_watchdog
         holder.close()
         await bot.session.close()
 
+
+async def test_metrics_in_webhook_mode_are_the_webhooks(tg, fake_eve, daemon_factory):
+    """iva_telegram_mode says which mode runs; in webhook mode the delivery's age and Telegram's view
+    are exported (the poll's age, which grows there, is not what an alert should read)."""
+    daemon = daemon_factory(fake_eve.url, fake_eve.token, **webhook_env())
+    await daemon.start()
+    await tg.message("hello by hook", user_id=OWNER)
+    await tg.wait_texts(1)
+    await daemon.settled()
+    async with aiohttp.ClientSession() as session, session.get(daemon.api_url + "/metrics") as answer:
+        text = await answer.text()
+    values = {line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in text.splitlines()
+              if line.startswith("iva_")}
+    assert values['iva_telegram_mode{mode="webhook"}'] == 1 and 'iva_telegram_mode{mode="polling"}' not in values
+    assert values["iva_webhook_healthy"] == 1 and values["iva_webhook_pending_updates"] == 0
+    assert 0 <= values["iva_webhook_delivery_age_seconds"] < 30
