@@ -331,15 +331,20 @@ class Settings:
         if not _LISTEN.fullmatch(listen):
             problems.append(f"IVA_API_LISTEN={listen!r} must be host:port, e.g. 127.0.0.1:8787")
 
-        # Webhook mode (O1). The URL is not required to be https here: Telegram refuses
-        # anything else at setWebhook, and `iva check` says so; a local Bot API server or a test
-        # fake may call plain http.
+        # Webhook mode (O1). Telegram's own Bot API refuses anything but https at setWebhook,
+        # which would leave the bridge retrying a refusal: refused here, at the start. A local
+        # Bot API server (IVA_TELEGRAM_API_URL elsewhere; `--local` takes plain http) or a test
+        # fake may call plain http; `iva check` still says so.
         webhook_url = get("IVA_TELEGRAM_WEBHOOK_URL")
         webhook_secret = get("IVA_TELEGRAM_WEBHOOK_SECRET")
         webhook_listen = get("IVA_WEBHOOK_LISTEN") or DEFAULT_WEBHOOK_LISTEN
         if webhook_url is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", webhook_url):
             problems.append(f"IVA_TELEGRAM_WEBHOOK_URL={webhook_url!r} is not an https URL (no query or fragment), "
                             "e.g. https://bot.example.org/telegram")
+        elif (webhook_url is not None and webhook_url.startswith("http://")
+              and (api_url or DEFAULT_TELEGRAM_API_URL).rstrip("/") == DEFAULT_TELEGRAM_API_URL):
+            problems.append(f"IVA_TELEGRAM_WEBHOOK_URL={webhook_url!r} is not https: Telegram's Bot API refuses "
+                            "plain http webhooks (only a local Bot API server, IVA_TELEGRAM_API_URL, takes them)")
         if webhook_url is not None and webhook_secret is None:
             problems.append("IVA_TELEGRAM_WEBHOOK_URL needs IVA_TELEGRAM_WEBHOOK_SECRET: 1-256 characters of "
                             "A-Z a-z 0-9 _ - that Telegram sends with every update (and nobody else knows)")

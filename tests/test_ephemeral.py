@@ -111,3 +111,22 @@ async def test_a_refused_press_is_shown_to_the_presser_alone(group_bot: Harness,
     await group_bot.settled()
     assert to(tg, None)[-1].endswith("answered: cancel")
     assert len(to(tg, None)) == 2  # the question and its answer: nothing of the refusal for the group
+
+
+async def test_new_in_a_group_follows_stops_rule(group_bot: Harness, tg: FakeTelegram):
+    """/new cancels the running turn and drops everyone's waiting messages: in a group only an
+    owner or a person the running turn answers may while it runs; anyone while the chat is idle."""
+    await tg.message(f"@{BOT_USERNAME} slow one [[delay=3]]", user_id=FRIEND, chat_id=GROUP, chat_type="supergroup",
+                     entities=[{"type": "mention", "offset": 0, "length": len(BOT_USERNAME) + 1}])
+    await group_bot.until(lambda: (c := group_bot.maybe_chat(str(GROUP))) is not None and c.busy, what="busy")
+    await say(tg, "/new", OTHER)  # not their turn
+    await tg.wait_for(lambda: to(tg, OTHER), 10, "the refusal")
+    assert to(tg, OTHER) == ["Only the person I'm answering (or an owner) can start a new conversation now."]
+    await group_bot.settled()
+    assert to(tg, None) == ["echo: Ann: slow one"]  # the turn went on, for everyone
+    chat = await group_bot.chat(str(GROUP))
+    assert not chat.reset_requested and chat.eve_session
+
+    await say(tg, "/new", OTHER)  # idle now: anyone may
+    await group_bot.settled()
+    assert to(tg, None)[-1] == "New conversation started."

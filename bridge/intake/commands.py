@@ -24,6 +24,12 @@ from ..storage.payloads import Kind, PeopleButton, QueuedMessage, decode
 from ..telegram.texts import number, t
 from .addressing import Address
 from .reminders_command import pressed, reminders_command
+from ..chat.services import Services
+from ..chat.transitions import ChatState, state_of
+from ..storage.payloads import Kind, PeopleButton, QueuedMessage, decode
+from ..people import Redeemed, Role, link
+from ..storage.store import Chat
+from ..telegram.texts import number, t
 
 if TYPE_CHECKING:
     from aiogram.types import CallbackQuery
@@ -85,13 +91,25 @@ class Commands:
     # -- /new -------------------------------------------------------------------------------
 
     async def new(self, message: Message, address: Address, lang: str, key: str) -> str:
-        """M7: the worker retires the session (cancelling what runs) and answers."""
+        """M7: the worker retires the session (cancelling what runs) and answers. In a group it
+        cancels a running turn and drops everyone's waiting messages: /stop's rule (an owner, or
+        a person the running turn answers; anyone while the chat is idle)."""
         addr, s = str(address), self.s
         async with s.store.db.transaction():
+            # The mark commits with the refusal or with the request: a redelivery does neither twice.
             if not await s.queue.remember(addr, {"kind": "command", "command": "new"}, dedupe_key=key):
                 return "duplicate"
-            await s.transitions.touch(addr, address.chat_id, address.thread_id, lang)
-            dropped = await s.transitions.request_new(addr, reply_to=message.message_id)
+            allowed = await self._may_interrupt(message, await s.store.chat(addr), addr)
+            if allowed:
+                await s.transitions.touch(addr, address.chat_id, address.thread_id, lang)
+                dropped = await s.transitions.request_new(addr, reply_to=message.message_id)
+            else:
+                await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", t("new_not_yours", lang),
+                                      reply_to=message.message_id, receiver=self._asker(message))
+        if not allowed:
+            logger.info("new_refused", user_id=message.from_user.id if message.from_user is not None else 0)
+            s.spawn(s.outbox.flush(addr))
+            return "command"
         logger.info("new_requested", dropped=dropped)
         self.scheduler.wake(addr)
         return "command"
@@ -112,8 +130,7 @@ class Commands:
             receiver = self._asker(message)  # S7: what only the asker needs, to them alone
             if chat is None or not chat.busy:
                 text = t("stop_nothing", lang)
-            elif not (message.chat.type == "private" or await s.people.is_owner(user)
-                      or (chat.kind is Kind.TURN and user in await self._askers(addr))):
+            elif not await self._may_interrupt(message, chat, addr):
                 text = t("stop_not_yours", lang)
             else:
                 stopped = await s.transitions.want_stop(addr)
@@ -126,6 +143,14 @@ class Commands:
         if stopped is not None:
             self.scheduler.wake(addr)
         return "command"
+
+    async def _may_interrupt(self, message: Message, chat: Chat | None, address: str) -> bool:
+        """/stop's and /new's rule: in private, or while the chat is idle, anyone who may talk;
+        in a group while it is busy, an owner or a person whose message the running turn answers."""
+        if message.chat.type == "private" or chat is None or not chat.busy:
+            return True
+        user = message.from_user.id if message.from_user is not None else 0
+        return await self.s.people.is_owner(user) or (chat.kind is Kind.TURN and user in await self._askers(address))
 
     @staticmethod
     def _asker(message: Message) -> int | None:

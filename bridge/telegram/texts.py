@@ -99,6 +99,8 @@ _TEXTS: dict[str, dict[Lang, str]] = {
                        "ru": "Остановить может только тот, кому я отвечаю (или владелец)."},
     "stopped_mark": {"en": "⏹ stopped", "ru": "⏹ остановлено"},
     "status_stop_hint": {"en": "/stop stops it.", "ru": "/stop — остановить."},
+    "new_not_yours": {"en": "Only the person I'm answering (or an owner) can start a new conversation now.",
+                      "ru": "Начать новый разговор сейчас может только тот, кому я отвечаю (или владелец)."},
     "new_done": {
         "en": "New conversation started.",
         "ru": "Начат новый разговор.",

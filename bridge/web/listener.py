@@ -66,8 +66,20 @@ class Listener:
             await self._runner.cleanup()
 
     async def _refresh(self) -> tuple[int, int, int, int, float | None]:
-        last = self.ingest.last_poll_ok  # first: set even when the database does not answer
-        METRICS.poll_age.set(round(time.time() - (self.started if last is None else last), 1))
+        # First: set even when the database does not answer. Each mode its own gauges (an
+        # alert on the poll's age fired forever in webhook mode, where nothing polls).
+        now = time.time()
+        if self.webhook is None:
+            last = self.ingest.last_poll_ok
+            METRICS.mode.labels(mode="polling").set(1)
+            METRICS.poll_age.set(round(now - (self.started if last is None else last), 1))
+        else:
+            delivered = self.webhook.delivered_at
+            METRICS.mode.labels(mode="webhook").set(1)
+            METRICS.webhook_delivery_age.set(round(now - (self.started if delivered is None else delivered), 1))
+            healthy, _ = self.webhook.status.report(self.webhook.url, now)
+            METRICS.webhook_healthy.set(1 if healthy else 0)
+            METRICS.webhook_pending.set(self.webhook.status.pending_update_count or 0)
         # The last committed state, read without queueing behind the writer's transactions: on
         # a slow disk (each commit an fsync of 50 ms or more) that queue is seconds long.
         async with self.store.db.committed():
