@@ -7,6 +7,7 @@ import contextlib
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -41,6 +42,7 @@ from .storage.store import OtherBot, SchemaTooNew
 from .telegram.pacing import Budget, Pacer
 from .telegram.sender import Sender, undecodable
 from .telegram.texts import t
+from .storage.store import owners_of
 from .web.listener import Listener
 from .web.mcp import McpServer
 from .web.owner_api import OwnerApi
@@ -154,7 +156,12 @@ class Bridge:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)
         async with contextlib.AsyncExitStack() as stack:
-            state = await open_state(s.db_path)
+            try:
+                state = await open_state(s.db_path)
+            except StateUnavailable as exc:
+                if exc.quarantined is not None:  # R5: told even with no fresh store to work on
+                    await tell_owners_without_state(s, exc.quarantined, str(exc.__cause__ or exc))
+                raise
             db, queue, store = state.db, state.queue, state.store
             stack.push_async_callback(db.close)
 
@@ -262,6 +269,23 @@ class Bridge:
     async def _stop_watcher(self) -> None:
         await self.stop.wait()
         raise _Shutdown
+
+
+async def tell_owners_without_state(settings: Settings, quarantined: Path, error: str) -> None:
+    """R5 when the fresh database cannot be made (a full disk): the owners the environment and
+    the quarantined file name hear it from the bot, sent directly (no outbox: nothing is durable);
+    a failure to send is logged, never raised over the exit that says why."""
+    owners = set(settings.owner_ids) | owners_of(quarantined)
+    bot = make_bot(settings)
+    try:
+        for owner in sorted(owners):
+            text = t("state_quarantined_no_fresh", settings.lang, path=str(quarantined), error=error[:200])
+            try:
+                await bot.send_message(owner, text, request_timeout=15)
+            except Exception as exc:
+                logger.error("owner_not_told", owner=owner, error=str(exc)[:300])
+    finally:
+        await bot.session.close()
 
 
 def notebook_config(settings: Settings) -> NotebookConfig:

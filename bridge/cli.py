@@ -22,7 +22,7 @@ from aiogram.exceptions import (
 
 import eve_client as eve
 
-from . import log
+from . import disk, log
 from .chat import parking
 from .config import DEFAULT_BUSY_TIMEOUT, ConfigError, Settings, state_dir_of
 from .people import pairing_note
@@ -193,6 +193,8 @@ def _status(args: argparse.Namespace) -> int:
         snapshot = read_status(path)
     except (sqlite3.Error, SchemaMismatch) as exc:
         print(f"iva status: cannot read {path}: {one_line(str(exc))}", file=sys.stderr)
+        if (storage := disk.full(path.parent)) is not None:
+            print(f"iva status: {storage}", file=sys.stderr)
         return 1
     try:
         busy_timeout = float(os.environ.get("IVA_BUSY_TIMEOUT") or DEFAULT_BUSY_TIMEOUT)
@@ -203,11 +205,14 @@ def _status(args: argparse.Namespace) -> int:
         chat["overdue"] = bool(quiet is not None and not chat["waiting_on_person"]
                                and quiet > busy_timeout * OVERDUE_FACTOR)
     note = pairing_note(path, os.environ)  # P1: no owner yet → a fresh link (the one write)
+    storage = disk.full(path.parent)  # F2: the daemon waits on storage; say why
     if args.json:
-        print(json.dumps({**snapshot, "pairing": note}, ensure_ascii=False, indent=2))
+        print(json.dumps({**snapshot, "pairing": note, "storage": storage}, ensure_ascii=False, indent=2))
         return 0
     if note is not None:
         print(note, file=sys.stderr)  # beside the table, never in its lines
+    if storage is not None:
+        print(f"STORAGE: {storage}")
     print(f"{path}: {snapshot['chats_known']} chats, {snapshot['busy_chats']} busy, "
           f"{snapshot['queued']} messages waiting, {snapshot['replies_pending']} replies pending")
     _reminders(snapshot["reminders"])

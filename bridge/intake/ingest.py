@@ -82,6 +82,7 @@ class Ingest:
         self.offset: int | None = None
         self.last_poll_ok: float | None = None
         self.alive_at = time.monotonic()  # the loop went round (the watchdog reads it)
+        self.storage_error: str | None = None  # the last commit failed (disk, lock): /healthz says it
 
     async def leave_webhook(self) -> None:
         """O1: polling after webhook mode. A webhook still set makes getUpdates answer 409,
@@ -199,6 +200,7 @@ class Ingest:
             try:
                 outcome = await self.handle(update)
                 METRICS.updates.labels(outcome=outcome).inc()
+                self.storage_error = None
                 return
             except sqlite3.DatabaseError as exc:
                 if corrupt(exc):
@@ -217,7 +219,12 @@ class Ingest:
                 attempt += 1
                 wait = backoff.COMMIT.delay(attempt)
                 logger.error("ingest_commit_failed", error=str(exc), wait=wait)
+                self.storage_error = str(exc)
                 await asyncio.sleep(wait)
+                # Waiting on storage is not a wedged loop (F2): the watchdog keeps being fed, so
+                # a full disk is not a restart every WatchdogSec (each resending what it could
+                # not record); a commit that hangs does not come back here and is still caught.
+                self.alive_at = time.monotonic()
             except (asyncio.CancelledError, StateCorrupt):
                 raise
             except Exception:

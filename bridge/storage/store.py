@@ -23,7 +23,8 @@ from ..errors import BridgeError
 from .payloads import Kind, Origin
 
 __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "OtherBot",
-           "Outgoing", "SchemaMismatch", "SchemaTooNew", "Store", "mint_pairing_code", "people_meta", "read_status"]
+           "Outgoing", "SchemaMismatch", "SchemaTooNew", "Store", "mint_pairing_code", "owners_of", "people_meta",
+           "read_status"]
 
 SCHEMA_VERSION = 12
 
@@ -558,6 +559,14 @@ class Store:
             (chunks_sent, json.dumps(message_ids), outgoing_id),
         )
 
+    async def attempt_outgoing(self, outgoing_id: int) -> None:
+        """F3 on a failing disk: a row pending since before this process is marked as tried (its
+        ``sent_at`` while pending) before a part of it goes again. A disk that takes no write
+        fails this, and the part is not sent: it is sent again only once a write succeeded, so a
+        full disk across restarts cannot resend it once a restart (one labelled duplicate, at most)."""
+        await self.db.execute("UPDATE outbox SET sent_at = ? WHERE id = ? AND state = 'pending'",
+                              (time.time(), outgoing_id))
+
     async def finish_outgoing(self, outgoing_id: int, state: str = "sent", *, chunks_sent: int | None = None,
                               message_ids: list[int] | None = None) -> None:
         """pending → sent/failed, with the final progress in the same statement."""
@@ -815,6 +824,20 @@ class SchemaMismatch(BridgeError):
         else:
             why = f"schema {version}, newer than this Iva's {SCHEMA_VERSION}: run the Iva that wrote it"
         super().__init__(why)
+
+
+def owners_of(quarantined: Path) -> set[int]:
+    """The paired owners a quarantined state file still names, if it can be read at all (best
+    effort: it failed its check; R5 tells them too when no fresh store can be made)."""
+    try:
+        conn = sqlite3.connect(f"{quarantined.resolve().as_uri()}?mode=ro", uri=True, timeout=1.0)
+        try:
+            rows = conn.execute("SELECT user_id FROM people WHERE role = 'owner'").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return set()
+    return {int(r[0]) for r in rows if isinstance(r[0], int)}
 
 
 def read_status(path: Path, *, now: float | None = None) -> dict[str, Any]:

@@ -114,6 +114,8 @@ class Sender:
         if out.created_at < self.started and out.id not in self._labelled:
             # Pending when the last process ended: if it died between Telegram's answer and the
             # record, this part goes twice — the one duplicate window, labelled, never silent.
+            # Only after a write succeeded: on a disk still full it is not sent at all.
+            await self.store.attempt_outgoing(out.id)
             self._labelled.add(out.id)
             logger.warning("reply_sent_after_restart", outbox=out.id, key=out.key, parts_recorded=sent,
                            may_repeat=True)

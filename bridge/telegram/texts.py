@@ -174,6 +174,17 @@ _TEXTS: dict[str, dict[Lang, str]] = {
             "создана новая. Ожидавшие сообщения, возможно, придётся отправить ещё раз."
         ),
     },
+    "state_quarantined_no_fresh": {
+        "en": (
+            "Iva: the state database failed its check at start. It was moved aside to {path} (not "
+            "deleted), but a fresh one could not be made ({error}): Iva cannot work until its disk "
+            "has room again."
+        ),
+        "ru": (
+            "Iva: база состояния не прошла проверку при запуске. Она отложена в {path} (не удалена), "
+            "но новую создать не удалось ({error}): Iva не сможет работать, пока на диске нет места."
+        ),
+    },
     "unsupported": {
         "en": "I can read text, photos and documents — not this kind of message, sorry.",
         "ru": "Я понимаю текст, фото и документы — такое сообщение, увы, нет.",

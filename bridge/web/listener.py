@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .. import log
+from .. import disk, log
 from ..metrics import METRICS
 
 if TYPE_CHECKING:
@@ -112,8 +112,12 @@ class Listener:
         else:  # webhook mode (O1): Telegram's own view, from the last periodic getWebhookInfo
             receiving, webhook = self.webhook.status.report(self.webhook.url, time.time())
         replies_flowing = reply_age is None or reply_age < self.reply_stale_after
-        ok = database == "ok" and receiving and overdue == 0 and replies_flowing
+        # F2: a commit failing (the disk full, a lock held) or a disk with no room: nothing can
+        # be made durable, so nothing is taken — the bridge waits on storage, alive.
+        storage = self.ingest.storage_error or disk.full(self.store.db.path.parent)
+        ok = database == "ok" and receiving and overdue == 0 and replies_flowing and storage is None
         body = {"ok": ok, "mode": "polling" if self.webhook is None else "webhook", "database": database,
+                "storage": "ok" if storage is None else f"failing: {storage}",
                 "telegram_poll_age_s": poll_age, "webhook": webhook, "queued": queued,
                 "busy_chats": busy, "compacting_chats": compacting, "overdue_chats": overdue,
                 "oldest_pending_reply_s": reply_age, "uptime_s": round(time.time() - self.started)}
