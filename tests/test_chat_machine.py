@@ -689,3 +689,28 @@ async def test_a_reader_ending_in_an_unknown_error_is_retried_not_waited_out(
         assert len(fake_eve.sessions) == 1
     finally:
         await h.stop()
+
+
+@pytest.mark.parametrize("first,second", [(OWNER, 2), (2, OWNER)], ids=["member-into-owner", "owner-into-member"])
+async def test_a_message_of_the_other_kind_never_joins_a_running_turn(tmp_path: Path, tg: FakeTelegram,
+                                                                      fake_eve: FakeEve, first: int, second: int):
+    """N1, seed 000 (the notebook never rides someone else's turn): under the immediate policy a
+    member's message does not steer into a running owner turn — whose every model call carries
+    the owner's notebook — nor an owner's into a member's: it waits for a turn of its own."""
+    group = -1001
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_TURN_POLICY="immediate", IVA_NOTES_ENABLED="1")
+    await h.start()
+    try:
+        await tg.message("slow start [[delay=2]]", user_id=first, chat_id=group, chat_type="supergroup",
+                         reply_to_bot=True)
+        await h.until(lambda: any(s.running for s in fake_eve.sessions.values()), what="the first turn running")
+        await tg.message("and this too", user_id=second, chat_id=group, chat_type="supergroup", reply_to_bot=True)
+        await h.settled(30)
+        texts = tg.texts(group)
+        assert len(texts) == 2 and "slow start" in texts[0] and "and this too" in texts[1], texts
+        session = next(iter(fake_eve.sessions.values()))
+        assert session.turns_run == 2
+        contexts = [b.get("clientContext") for b in session.sends]
+        assert [bool(c) and c.startswith("[state]") for c in contexts] == [first == OWNER, second == OWNER]
+    finally:
+        await h.stop()

@@ -32,6 +32,7 @@ from ..storage.store import Chat, CompactPhase
 from ..telegram.sender import Typing
 from ..telegram.texts import number, t
 from . import albums, draftids, notewrites, speak
+from . import albums, draftids, notewrites, owners, speak
 from .compaction import Answer, Compaction
 from .delivery import Lost, Unheard, send
 from .endings import lose, say_unheard
@@ -639,6 +640,8 @@ class BusyPeriod:
         limit = s.settings.batch_size
         claimed = await s.queue.claim(self.address, limit=limit + albums.LOOKAHEAD, claim=steer)
         claimed = await pushed.unsteered(s.queue, claimed, claim=steer)  # W1: never steered into a turn
+        if s.notebook is not None:  # N1: the notebook rides one kind of turn; the other kind waits
+            claimed = await owners.own_kind(s.queue, claimed, owner_turn=chat.owner_turn, claim=steer)
         if not claimed:
             return False
         # An album steers whole, once settled (I3): a part arriving alone waits for the rest.
