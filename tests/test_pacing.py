@@ -341,3 +341,38 @@ async def test_sigterm_with_a_draft_frame_hung_stops_within_systemds_timeout(tg:
         assert time.monotonic() - started < 15
     finally:
         release.set()
+
+
+async def test_opening_a_topic_is_paced_like_a_message():
+    """Q1: createForumTopic posts (the topic's first service message), so it passes the pacer
+    like a message: a chat held by a 429 opens no topic until the hold is over, and a group's
+    fourth topic in a row waits for the group's budget (a burst of 3)."""
+    from aiogram.methods import CreateForumTopic
+
+    clock, holding = FakeClock(), asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        holding.set()
+        await clock.sleep(seconds)
+
+    pacer = Pacer(Budget(group_per_minute=600, group_burst=3), clock=clock, sleep=sleep)
+    sent: list[float] = []
+
+    async def make_request(bot: object, method: object) -> str:
+        sent.append(time.monotonic())
+        return "opened"
+
+    def open_topic(chat: int) -> asyncio.Task[object]:
+        return asyncio.ensure_future(pacer(make_request, None, CreateForumTopic(chat_id=chat, name="t")))  # type: ignore[arg-type]
+
+    pacer.told_to_wait(GROUP, 5)
+    held = open_topic(GROUP)
+    await asyncio.wait_for(holding.wait(), 5)
+    assert sent == [] and not held.done() and pacer.waiting == 1
+    await clock.advance(5)
+    assert await asyncio.wait_for(held, 5) == "opened" and len(sent) == 1
+
+    # The group's budget: 3 at once (the first is above), then one every 60/597·1.05 ≈ 0.1 s.
+    started = time.monotonic()
+    assert await asyncio.wait_for(asyncio.gather(*(open_topic(GROUP) for _ in range(4))), 5) == ["opened"] * 4
+    assert len(sent) == 5 and sent[-1] - started >= 0.15, [round(t - started, 3) for t in sent]

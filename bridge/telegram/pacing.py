@@ -6,7 +6,8 @@ bursts are fine), 20 a minute in one group; past them come 429s with growing wai
 it — answers and their parts, notices, command answers, prompts, pushed notifications, drafts,
 typing and reactions all pass here, shared by every chat:
 
-- **A message** (``send*``, ``edit*``, ``copy*``, ``forward*``) waits for its chat's budget (a
+- **A message** (``send*``, ``edit*``, ``copy*``, ``forward*``, and ``createForumTopic``, which
+  posts the topic's first service message) waits for its chat's budget (a
   private chat: a burst of ``IVA_SEND_CHAT_BURST``, then ``IVA_SEND_CHAT_RATE`` a second; a group
   or forum: ``IVA_SEND_GROUP_PER_MINUTE`` in any minute) and then for the global one
   (``IVA_SEND_RATE`` a second). Both are :class:`aiolimiter.AsyncLimiter` leaky buckets, whose
@@ -60,6 +61,7 @@ TYPING_SHOWS = 5.0  # seconds Telegram shows a chat action: never sent again wit
 TOLD_AT_ONCE = 3  # this many chats told to wait within ONCE seconds: the global limit was hit
 ONCE = 1.0
 SLOW_FOR = 30.0  # seconds the global budget runs at half speed after that
+POSTS_TOO = frozenset({"createForumTopic"})  # posts to its chat (the topic's service message), by another name
 _IDLE_CHAT = 120.0  # a chat's budgets are forgotten after this long without a call (when many)
 
 
@@ -81,7 +83,7 @@ def kind_of(api_method: str) -> Kind | None:
         return "typing"
     if api_method == "setMessageReaction":
         return "reaction"
-    if api_method.startswith(("send", "edit", "copy", "forward")):
+    if api_method.startswith(("send", "edit", "copy", "forward")) or api_method in POSTS_TOO:
         return "message"
     return None
 
