@@ -56,7 +56,7 @@ logger = log.get("bridge.pacing")
 
 Kind = Literal["message", "draft", "typing", "reaction"]
 
-GLOBAL_BURST = 1  # messages at once overall (see Budget.global_limiter)
+GLOBAL_BURST = 1.5  # the global bucket's size in messages (see Budget.global_limiter)
 TYPING_SHOWS = 5.0  # seconds Telegram shows a chat action: never sent again within them
 TOLD_AT_ONCE = 3  # this many chats told to wait within ONCE seconds: the global limit was hit
 ONCE = 1.0
@@ -119,10 +119,14 @@ class Budget:
         return AsyncLimiter(burst, burst / per_second)
 
     def global_limiter(self, *, slow: bool = False) -> AsyncLimiter:
-        """No burst: one message every 1/rate seconds, so any second holds at most ``rate`` + 1
-        (29 at the default, under Telegram's 30 with one to spare for the network). A bucket of
-        2 was tried (it takes up the event loop's lateness): on the loaded benchmark machine its
-        bunched arrivals passed 30 in a second (17 429s of 600, docs/benchmarks.md)."""
+        """One message every 1/rate seconds, with half a message of slack. A leaky bucket of size
+        b and rate r passes at most ⌊b + r⌋ in any second: 29 at the default for any b < 2, under
+        Telegram's 30 with one to spare for the network. The half message is what keeps the rate:
+        the next waiter resumes a little after its slot (the event loop is late, more so under
+        load); a bucket of 1 is then empty and that lateness is lost at every slot (the loaded
+        benchmark machine delivered 24/s of 28, 1.27× the 30/s floor), while a bucket of 1.5 takes
+        it up to half a slot (18 ms) each time (28/s, 1.07–1.11×; docs/benchmarks.md §12). A
+        bucket of 2 passes 30 in a second and its pairs bunch: 1 to 17 429s of 600 there."""
         rate = self.rate / 2 if slow else self.rate
         return AsyncLimiter(GLOBAL_BURST, GLOBAL_BURST / rate)
 
