@@ -38,11 +38,10 @@ from .push.reminders import Reminders
 from .push.turns import Pushes
 from .storage import retention
 from .storage.state import StateCorrupt, StateUnavailable, open_state
-from .storage.store import OtherBot, SchemaTooNew
+from .storage.store import OtherBot, SchemaTooNew, owners_of
 from .telegram.pacing import Budget, Pacer
 from .telegram.sender import Sender, undecodable
 from .telegram.texts import t
-from .storage.store import owners_of
 from .web.listener import Listener
 from .web.mcp import McpServer
 from .web.owner_api import OwnerApi

@@ -8,34 +8,11 @@ import json
 from typing import Any
 
 import aiohttp
-import pytest
 
 from tests.conftest import FRIEND, OWNER
+from tests.daemons import API_TOKEN, api, idle, notes_in_db
 
-TOKEN = "owner-api-token"
 GROUP = -1001
-
-
-@pytest.fixture
-async def nb_daemon(daemon_factory, fake_eve):
-    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_API_TOKEN=TOKEN, IVA_CONTEXT_WINDOW="200000")
-    fake_eve.mcp_url = d.api_url + "/mcp"
-    await d.start()
-    return d
-
-
-async def api(d, method: str, path: str, body: Any = None, *, token: str | None = TOKEN,
-              raw: bytes | None = None) -> tuple[int, Any]:
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    async with aiohttp.ClientSession() as http:
-        kwargs: dict[str, Any] = {"headers": headers}
-        if raw is not None:
-            kwargs["data"] = raw
-            headers["content-type"] = "application/json"  # S1: a body of another type is a 415
-        elif body is not None:
-            kwargs["json"] = body
-        async with http.request(method, d.api_url + path, **kwargs) as response:
-            return response.status, await response.json(content_type=None)
 
 
 async def mcp(d, session: str, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -49,15 +26,6 @@ async def mcp(d, session: str, method: str, params: dict[str, Any] | None = None
 def contexts(fake_eve) -> list[Any]:
     """clientContext of every send, in order (None when there was none)."""
     return [b.get("clientContext") for b in fake_eve.sends()]
-
-
-def notes_in_db(d, address: str) -> dict[str, dict[str, Any]]:
-    with d.db() as conn:
-        return {r["name"]: dict(r) for r in conn.execute("SELECT * FROM notes WHERE address = ?", (address,))}
-
-
-async def idle(tg, d, address: str = str(OWNER)) -> None:
-    await tg.wait_for(lambda: (c := d.chat(address)) is not None and c["status"] == "idle", 30, f"{address} idle")
 
 
 async def test_a_saved_note_is_in_the_database_and_in_the_next_owner_turn(tg, fake_eve, nb_daemon):
@@ -361,7 +329,7 @@ async def test_a_bad_rebuild_keeps_the_old_notebook_retries_once_and_does_not_lo
 
 async def test_disabled_notebook_registers_no_tools_sends_no_block_touches_no_table(tg, daemon_factory, fake_eve):
     """N8: IVA_NOTES_ENABLED=0."""
-    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_API_TOKEN=TOKEN, IVA_NOTES_ENABLED="0")
+    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_API_TOKEN=API_TOKEN, IVA_NOTES_ENABLED="0")
     fake_eve.mcp_url = d.api_url + "/mcp"
     await d.start()
     await tg.message('hi [[mcp=chat_note_save {"name": "a", "description": "d", "body": "b"}]]', user_id=OWNER)
@@ -424,7 +392,7 @@ async def test_the_notes_listing_has_an_etag_and_if_none_match_gives_304(tg, fak
     await tg.wait_texts(1, timeout=30)
     await idle(tg, nb_daemon)
     url = f"{nb_daemon.api_url}/v1/chats/{OWNER}/notes"
-    auth = {"authorization": f"Bearer {TOKEN}"}
+    auth = {"authorization": f"Bearer {API_TOKEN}"}
     async with aiohttp.ClientSession(headers=auth) as http:
         async with http.get(url) as r:
             etag = r.headers["ETag"]

@@ -23,8 +23,8 @@ from bridge.config import ConfigError, Settings
 from bridge.intake.ingest import ALLOWED_UPDATES
 from bridge.intake.webhook import Webhook
 from tests.conftest import OWNER, STRANGER, Daemon, free_port
+from tests.daemons import check_env, iva_check
 from tests.fakes.telegram import TOKEN
-from tests.test_cli import _check, _env
 
 SECRET = "hook-Secret_0123456789"
 HOOK_PATH = "/telegram/hook"
@@ -211,26 +211,26 @@ def test_webhook_settings_are_validated_with_the_others():
 
 async def test_check_wants_https_and_no_delivery_error(tg, fake_eve):
     """`iva check`: one line per problem, never a traceback."""
-    env = _env(tg, fake_eve.url, fake_eve.token, IVA_NOTES_ENABLED="0",
+    env = check_env(tg, fake_eve.url, fake_eve.token, IVA_NOTES_ENABLED="0",
                IVA_TELEGRAM_WEBHOOK_URL="http://bot.example.org/tg", IVA_TELEGRAM_WEBHOOK_SECRET=SECRET)
-    code, out = await _check(env)
+    code, out = await iva_check(env)
     assert code != 0 and "IVA_TELEGRAM_WEBHOOK_URL=http://bot.example.org/tg is not https" in out, out
     assert "Traceback" not in out and SECRET not in out
     https = {**env, "IVA_TELEGRAM_WEBHOOK_URL": "https://bot.example.org/tg"}
-    code, out = await _check(https)
+    code, out = await iva_check(https)
     assert code == 0 and "not set yet" in out, out
     tg.webhook = {"url": "https://bot.example.org/tg", "secret_token": SECRET}  # set, deliveries failing
     tg.webhook_error = (1_700_000_000, "Connection refused")
-    code, out = await _check(https)
+    code, out = await iva_check(https)
     assert code != 0 and "last delivery to https://bot.example.org/tg failed" in out, out
     assert "Connection refused" in out and "Traceback" not in out
     tg.webhook_error = None
-    code, out = await _check(https)
+    code, out = await iva_check(https)
     assert code == 0 and "ok   webhook: Telegram delivers" in out, out
-    code, out = await _check(_env(tg, fake_eve.url, fake_eve.token, IVA_NOTES_ENABLED="0"))
+    code, out = await iva_check(check_env(tg, fake_eve.url, fake_eve.token, IVA_NOTES_ENABLED="0"))
     assert code == 0 and "Iva polls, so it deletes it at start" in out, out
     tg.garble["getWebhookInfo"] = 1  # an answer it cannot read: one line
-    code, out = await _check(https)
+    code, out = await iva_check(https)
     assert code != 0 and "getWebhookInfo failed" in out and "Traceback" not in out, out
 
 

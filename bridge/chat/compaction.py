@@ -16,10 +16,9 @@ import eve_client as eve
 
 from .. import log
 from ..metrics import METRICS
-from ..storage.payloads import Origin
+from ..storage.payloads import Origin, QueuedMessage, decode
 from ..storage.store import CancelMark, Chat, CompactPhase
 from ..telegram.texts import t
-from ..storage.payloads import Origin, QueuedMessage, decode
 from .endings import lose
 from .services import Services
 

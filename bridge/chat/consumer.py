@@ -31,7 +31,6 @@ from ..storage.payloads import InputAnswer, Kind, PromptButton, QueuedMessage, d
 from ..storage.store import Chat, CompactPhase
 from ..telegram.sender import Typing
 from ..telegram.texts import number, t
-from . import albums, draftids, notewrites, speak
 from . import albums, draftids, notewrites, owners, speak
 from .compaction import Answer, Compaction
 from .delivery import Lost, Unheard, send

@@ -14,7 +14,6 @@ from .. import log
 from ..errors import BridgeError
 from ..push import turns as pushed
 from ..storage.payloads import Queued, QueuedMessage, decode
-from .compose import Composed, compose
 from .compose import Composed, compose, hear
 from .endings import say_unheard
 from .services import Services

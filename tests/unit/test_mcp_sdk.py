@@ -24,7 +24,7 @@ from bridge.storage.state import open_state
 from bridge.web.listener import Listener
 from bridge.web.mcp import McpServer
 from tests.conftest import free_port
-from tests.unit.test_mcp_protocol import owner_turn
+from tests.scenarios import owner_turn
 
 TOKEN = "sdk-mcp-token"
 CHAT = "42"
