@@ -27,7 +27,7 @@ import httpx
 
 import eve_client as eve
 from bridge.app import make_bot, notebook_config
-from bridge.chat.services import Services
+from bridge.chat.services import Clock, Services
 from bridge.chat.worker import Scheduler
 from bridge.config import Settings
 from bridge.intake.commands import Commands
@@ -108,10 +108,11 @@ async def open_store(path: Path, **kwargs: Any) -> tuple[Database, DiskQueue, St
 class Harness:
     def __init__(self, state: Path, tg: FakeTelegram, fake_eve: FakeEve, *,
                  eve_transport: httpx.AsyncBaseTransport | None = None,
-                 clock: Any = None, **env: str) -> None:
+                 clock: Any = None, busy_clock: Clock | None = None, **env: str) -> None:
         self.state = state
         self.eve_transport = eve_transport  # eve_client's own seam, for faults below HTTP
         self.clock = clock  # a test's clock for the pacer's holds (tests/fakes/clock.py), or None: real time
+        self.busy_clock = busy_clock  # a test's clock for the busy periods' time rules, or None: real time
         self.tg = tg
         self.fake_eve = fake_eve
         self.env = {
@@ -169,7 +170,8 @@ class Harness:
         notebook = Notebook(db, store, notebook_config(self.settings))
         rebuilder = Rebuilder(notebook, store, client)
         self.services = Services.build(settings=self.settings, eve_client=client, store=store, queue=queue,
-                                       sender=sender, spawn=self.spawn, notebook=notebook, rebuilder=rebuilder)
+                                       sender=sender, spawn=self.spawn, notebook=notebook, rebuilder=rebuilder,
+                                       clock=self.busy_clock)
         await self.services.transitions.repair_at_start()
         self.scheduler = Scheduler(self.services)
         self.pushes = Pushes(db, queue, store, wake=self.scheduler.wake, flush=self.services.outbox.flush,
