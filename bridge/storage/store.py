@@ -387,7 +387,7 @@ _CHAT_COLUMNS = frozenset(
 )
 
 
-class SchemaTooNew(Exception):
+class SchemaTooNew(BridgeError):
     """The state database was written by a newer Iva (its schema is past this one's): this Iva
     must not run on it, and a restart changes nothing (exit 6, which systemd does not restart)."""
 
@@ -397,7 +397,7 @@ class SchemaTooNew(Exception):
                          "wrote it (or a newer one)")
 
 
-class OtherBot(Exception):
+class OtherBot(BridgeError):
     """The state directory is another bot's: its dedupe keys and chats are that bot's, and this
     one's message ids would collide with them (exit 7, not restarted)."""
 
