@@ -26,6 +26,7 @@ DEFAULT_BUSY_TIMEOUT = 900.0
 
 
 DEFAULT_EVE_GRACE = 3.0  # seconds eve may take to start a turn with a message we are unsure it has (F4)
+DEFAULT_SEND_MAX_AGE = 3600.0  # seconds: a message eve failed on and still fails on this long after it came is given up (F6)
 DEFAULT_SEND_ATTEMPTS = 5  # a message eve answers 5xx (and never started) goes this often, then the person is told (F6)
 DEFAULT_HEALTH_REPLY_SECONDS = 120.0
 DEFAULT_MAX_TURNS = 16
@@ -132,6 +133,7 @@ class Settings:
     eve_grace: float = DEFAULT_EVE_GRACE
     health_reply_seconds: float = DEFAULT_HEALTH_REPLY_SECONDS
     send_attempts: int = DEFAULT_SEND_ATTEMPTS
+    send_max_age: float = DEFAULT_SEND_MAX_AGE
     lang: Literal["ru", "en"] = "ru"
     api_listen: str = DEFAULT_API_LISTEN
     api_token: str | None = field(default=None, repr=False)
@@ -402,6 +404,7 @@ class Settings:
             eve_grace=number("IVA_EVE_GRACE", DEFAULT_EVE_GRACE, low=0.5),
             health_reply_seconds=number("IVA_HEALTH_REPLY_SECONDS", DEFAULT_HEALTH_REPLY_SECONDS, low=1.0),
             send_attempts=integer("IVA_EVE_SEND_ATTEMPTS", DEFAULT_SEND_ATTEMPTS, low=1, high=100),
+            send_max_age=number("IVA_EVE_SEND_MAX_AGE", DEFAULT_SEND_MAX_AGE, low=1.0),
             max_turns=integer("IVA_MAX_TURNS", DEFAULT_MAX_TURNS, low=1, high=10_000),
             batch_size=integer("IVA_BATCH", DEFAULT_BATCH, low=1, high=100),
             max_file_mb=integer("IVA_MAX_FILE_MB", DEFAULT_MAX_FILE_MB, low=1, high=2000),

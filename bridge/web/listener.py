@@ -44,6 +44,7 @@ class Listener:
         self.ingest = ingest
         self.webhook = webhook
         self.started = time.time()
+        self.dead = 0  # messages given up on, as of the last refresh
         self.extra_routes = routes
         self._runner: web.AppRunner | None = None
 
@@ -87,6 +88,7 @@ class Listener:
             by_kind = await self.store.busy_by_kind()
             now = time.time()
             overdue, oldest = await self.store.health(overdue_before=now - self.busy_timeout * OVERDUE_FACTOR)
+            self.dead = await self.store.dead_count()  # a warning, not a failure: `iva status --dead` lists them
         busy = sum(by_kind.values())
         reply_age = None if oldest is None else round(now - oldest, 1)
         METRICS.queue_depth.set(queued)
@@ -120,7 +122,8 @@ class Listener:
                 "storage": "ok" if storage is None else f"failing: {storage}",
                 "telegram_poll_age_s": poll_age, "webhook": webhook, "queued": queued,
                 "busy_chats": busy, "compacting_chats": compacting, "overdue_chats": overdue,
-                "oldest_pending_reply_s": reply_age, "uptime_s": round(time.time() - self.started)}
+                "oldest_pending_reply_s": reply_age, "dead_messages": self.dead,
+                "uptime_s": round(time.time() - self.started)}
         return web.json_response(body, status=200 if ok else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
