@@ -31,6 +31,7 @@ from . import backoff, log
 from .addressing import Address, Inbound, classify
 from .chat.services import Services
 from .chat.worker import Scheduler
+from .clock import CLOCK
 from .commands import Commands
 from .describe import describe, quoted
 from .edits import commit_edit, edit_key, message_key
@@ -149,7 +150,7 @@ class Ingest:
                 await asyncio.sleep(wait)
                 continue
             failures = 0
-            self.last_poll_ok = time.time()
+            self.last_poll_ok = CLOCK.now()  # steady (F9): a forward step is not a stale poll
             if not updates and caught_up and time.monotonic() - asked < EMPTY_POLL_FLOOR:
                 # A server that answers a long poll at once (an emulator, a proxy) must not make
                 # us ask thousands of times a second.

@@ -12,6 +12,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import disk, log
+from ..clock import CLOCK
 from ..metrics import METRICS
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class Listener:
         self.queue = queue
         self.ingest = ingest
         self.webhook = webhook
-        self.started = time.time()
+        self.started = CLOCK.now()
         self.extra_routes = routes
         self._runner: web.AppRunner | None = None
 
@@ -67,16 +68,18 @@ class Listener:
 
     async def _refresh(self) -> tuple[int, int, int, int, float | None]:
         last = self.ingest.last_poll_ok  # first: set even when the database does not answer
-        METRICS.poll_age.set(round(time.time() - (self.started if last is None else last), 1))
+        METRICS.poll_age.set(round(CLOCK.now() - (self.started if last is None else last), 1))
         # The last committed state, read without queueing behind the writer's transactions: on
         # a slow disk (each commit an fsync of 50 ms or more) that queue is seconds long.
         async with self.store.db.committed():
             queued = await self.queue.depth()
             by_kind = await self.store.busy_by_kind()
-            now = time.time()
+            now = CLOCK.now()  # steady (F9): the chats' progress stamps are too
             overdue, oldest = await self.store.health(overdue_before=now - self.busy_timeout * OVERDUE_FACTOR)
         busy = sum(by_kind.values())
-        reply_age = None if oldest is None else round(now - oldest, 1)
+        # The outbox stamps wall time: the earlier of the two clocks ages it, so no step makes
+        # a pending reply look stale.
+        reply_age = None if oldest is None else round(max(0.0, CLOCK.bounded() - oldest), 1)
         METRICS.queue_depth.set(queued)
         METRICS.busy.set(busy)
         METRICS.busy_compacting.set(by_kind.get("compact", 0))
@@ -93,7 +96,7 @@ class Listener:
             queued = busy = compacting = -1
             database = f"error: {exc}"
         last = self.ingest.last_poll_ok
-        poll_age = None if last is None else round(time.time() - last, 1)
+        poll_age = None if last is None else round(CLOCK.now() - last, 1)
         webhook: dict[str, object] | None = None
         if self.webhook is None:
             receiving = poll_age is not None and poll_age < POLL_STALE_AFTER
@@ -108,7 +111,7 @@ class Listener:
                 "storage": "ok" if storage is None else f"failing: {storage}",
                 "telegram_poll_age_s": poll_age, "webhook": webhook, "queued": queued,
                 "busy_chats": busy, "compacting_chats": compacting, "overdue_chats": overdue,
-                "oldest_pending_reply_s": reply_age, "uptime_s": round(time.time() - self.started)}
+                "oldest_pending_reply_s": reply_age, "uptime_s": round(CLOCK.now() - self.started)}
         return web.json_response(body, status=200 if ok else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
