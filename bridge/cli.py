@@ -26,9 +26,8 @@ from . import disk, log
 from .chat import parking
 from .config import DEFAULT_BUSY_TIMEOUT, ConfigError, Settings, state_dir_of
 from .people import pairing_note
-from .storage.store import SchemaMismatch, read_status
-from .telegram.sender import undecodable
 from .storage.store import SchemaMismatch, clear_dead, read_status
+from .telegram.sender import undecodable
 from .web.listener import OVERDUE_FACTOR
 
 __all__ = ["main"]

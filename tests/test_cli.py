@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from bridge.app import EXIT_OTHER_BOT, EXIT_SCHEMA_NEWER
-from bridge.storage.state import open_state
-from bridge.storage.store import SCHEMA_VERSION
 from bridge.cli import main
+from bridge.storage.state import open_state
 from bridge.storage.store import SCHEMA_VERSION, read_status
 from tests.conftest import OWNER
 from tests.daemons import check_env, iva_check

@@ -79,7 +79,7 @@ class BusyPeriod:
             # The time since the last persisted progress counts (a restart does not reset it), but
             # a resumed consumer always gets a moment to read what eve wrote meanwhile.
             grace = min(timeout, RESUME_GRACE)
-            self.progress -= max(0.0, min(timeout - grace, time.time() - chat.progress_at))
+            self.progress -= s.transitions.spent(chat.progress_at, limit=timeout - grace)  # F9: no step counts
         self.typing: Typing | None = None
         self.waiting_input = chat.waiting_input
         self.answered = False  # the person answered the open question: eve must go on now
@@ -644,13 +644,13 @@ class BusyPeriod:
         if not claimed:
             return False
         # An album steers whole, once settled (I3): a part arriving alone waits for the rest.
-        taken = albums.cut(claimed, [decode(m.payload) for m in claimed], await s.queue.queued(self.address),
-                           limit=limit, now=time.time(), started=s.transitions.album_clock())
+        taken = s.transitions.album_cut(claimed, [decode(m.payload) for m in claimed],
+                                        await s.queue.queued(self.address), limit=limit)
         if taken.take < len(claimed):
             await s.queue.nack([m.id for m in claimed[taken.take:]], claim=steer)
             claimed = claimed[:taken.take]
         if taken.wait_until is not None:
-            asyncio.get_running_loop().call_later(max(0.0, taken.wait_until - time.time()),
+            asyncio.get_running_loop().call_later(max(0.0, taken.wait_until - s.transitions.mono()),
                                                   self.inbox.put_nowait, POKE)
             return False
         answers = [m for m in claimed if isinstance(decode(m.payload), InputAnswer)]

@@ -19,7 +19,7 @@ Preconditions come in two sorts:
 from __future__ import annotations
 
 import enum
-import time
+import sqlite3
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,9 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from diskqueue import DiskQueue, Message, State
 
+from .. import log
+from ..clock import CLOCK, Clock
 from ..errors import BridgeError
 from ..push import turns as pushed
-from ..storage.payloads import InputAnswer, Kind, Origin, PushedTurn, QueuedMessage, decode
+from ..storage.payloads import InputAnswer, Kind, Origin, PushedTurn, Queued, QueuedMessage, decode
 from ..storage.store import CancelMark, Chat, ChatStatus, CompactPhase, Store
 from . import albums, draftids, parking
 
@@ -48,6 +50,8 @@ __all__ = [
     "Transitions",
     "state_of",
 ]
+
+logger = log.get("bridge.chat.transitions")
 
 
 class ChatState(enum.StrEnum):
@@ -145,20 +149,49 @@ class Transitions:
     store: Store
     queue: DiskQueue
     notebook: Notebook | None = None
-    clock: Any = field(default=time.time)
+    clock: Any = field(default=CLOCK.now)  # the wall time written (steady: F9, bridge/clock.py)
     # When ingest caught up with what Telegram held at this start (an album's settling counts from
-    # then, so a part redelivered after a restart joins its album); None until then.
+    # then, so a part redelivered after a restart joins its album); None until then. Monotonic.
     started_at: float | None = None
+    steady: Clock = field(default=CLOCK)  # deadlines (monotonic) and elapsed times across a restart
+    previous_anchor: str | None = None  # the clock anchor the last process left (read at start)
+    _arrived: dict[int, float] = field(default_factory=dict)  # queue row → its arrival, monotonic
+
+    def mono(self) -> float:
+        return self.steady.mono()
 
     def caught_up(self) -> None:
         """Ingest has what Telegram held at this start (the first poll's batch, or the webhook set)."""
         if self.started_at is None:
-            self.started_at = self.clock()
+            self.started_at = self.mono()
 
     def album_clock(self) -> float:
         """Where an album's settling may start at the earliest: after catching up (until then, now:
-        an album waits and looks again)."""
-        return self.started_at if self.started_at is not None else self.clock()
+        an album waits and looks again). Monotonic."""
+        return self.started_at if self.started_at is not None else self.mono()
+
+    def arrived(self, row: Message) -> float:
+        """F9: when a queued part arrived, on the monotonic clock: its ``enqueued_at`` (wall time,
+        it survives a restart) read once and never put in the future — after the wall clock
+        stepped back an hour, an album settles as usual instead of waiting the hour."""
+        at = self._arrived.get(row.id)
+        if at is None:
+            at = self.mono() - max(0.0, self.clock() - row.enqueued_at)
+            if len(self._arrived) > 4096:  # the parts of albums long gone
+                self._arrived.clear()
+            self._arrived[row.id] = at
+        return at
+
+    def album_cut(self, claimed: Sequence[Message], items: Sequence[Queued], waiting: Sequence[Message], *,
+                  limit: int) -> albums.Cut:
+        """:func:`albums.cut` on the monotonic clock (its ``wait_until`` is a :meth:`mono` time)."""
+        return albums.cut(claimed, items, waiting, limit=limit, now=self.mono(), started=self.album_clock(),
+                          arrived=self.arrived)
+
+    def spent(self, stamp: float, *, limit: float) -> float:
+        """F9: seconds since a stamp this or the last process wrote, in ``[0, limit]``: exact within
+        one boot (the monotonic clock), so a forward step does not shorten a recovered turn."""
+        return self.steady.since(stamp, limit=limit, anchor=self.previous_anchor)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -230,8 +263,7 @@ class Transitions:
             if (alone := pushed.alone(items)) < len(messages):  # W1: a pushed turn is a turn of its own
                 await self.queue.nack([m.id for m in messages[alone:]], claim=claim)
                 messages, items = messages[:alone], items[:alone]
-            taken = albums.cut(messages, items, await self.queue.queued(address), limit=limit, now=self.clock(),
-                               started=self.album_clock())
+            taken = self.album_cut(messages, items, await self.queue.queued(address), limit=limit)
             if taken.take < len(messages):
                 await self.queue.nack([m.id for m in messages[taken.take:]], claim=claim)
                 messages, items = messages[:taken.take], items[:taken.take]
@@ -571,5 +603,16 @@ class Transitions:
                     requeued += await self.queue.requeue_inflight(address)
             for address in await self.store.released_chats():
                 await self._write(address, _IDLE)
-            return requeued
+        await self._anchor_clock()
+        return requeued
+
+    async def _anchor_clock(self) -> None:
+        """F9: read the last process's clock anchor, leave ours — best effort (a full disk must
+        not stop the start: elapsed times then fall back to the clamped wall difference)."""
+        try:
+            self.previous_anchor = await self.store.clock_anchor()
+            async with self.store.db.transaction():
+                await self.store.set_people_meta("clock_anchor", self.steady.anchor())
+        except sqlite3.OperationalError as exc:
+            logger.warning("clock_anchor_not_written", error=str(exc))
 

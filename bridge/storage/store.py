@@ -760,6 +760,11 @@ class Store:
     async def drop_unused_codes(self, kind: str) -> None:
         await self.db.execute("DELETE FROM pairing_codes WHERE kind = ? AND used_by IS NULL", (kind,))
 
+    async def clock_anchor(self) -> str | None:
+        """The last process's clock anchor (bridge/clock.py), kept beside the people's meta keys."""
+        row = await self.db.fetchone("SELECT value FROM people_meta WHERE key = 'clock_anchor'")
+        return None if row is None else str(row["value"])
+
     async def set_people_meta(self, key: str, value: str) -> None:
         await self.db.execute("INSERT INTO people_meta (key, value) VALUES (?, ?) "
                               "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
