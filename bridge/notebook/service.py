@@ -46,6 +46,7 @@ class NotebookConfig:
     connection: str = "notebook"  # the eve connection's name: tools reach the model as <connection>__<tool>
     texts: PressureTexts = field(default_factory=PressureTexts)
     limits: Limits = LIMITS
+    inturn_percent: float | None = None  # IVA_INTURN_PERCENT (N6′)
 
     @property
     def tool_prefix(self) -> str:
@@ -321,7 +322,7 @@ class Notebook:
             Window(measurement=None if chat.reset_mark or not chat.eve_session else chat.measurement,
                    threshold=threshold, window=window, parking=not chat.compaction_disabled,
                    compactions=chat.compactions, nudged_upto=chat.notes_nudged_upto,
-                   wrapped_upto=chat.wrap_nudged_upto),
+                   wrapped_upto=chat.wrap_nudged_upto, inturn_percent=self.config.inturn_percent),
             self.config.texts, self.limits,
         )
         notes = await self.notes(chat.address)
