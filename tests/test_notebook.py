@@ -434,3 +434,31 @@ async def test_the_notes_listing_has_an_etag_and_if_none_match_gives_304(tg, fak
         await api(nb_daemon, "PUT", f"/v1/chats/{OWNER}/notes/shop", {"body": "milk", "description": "list"})
         async with http.get(url, headers={"If-None-Match": etag}) as r:
             assert r.status == 200 and r.headers["ETag"] != etag and (await r.json())["notes"][0]["name"] == "shop"
+
+
+async def test_new_rearms_the_wrap_up_and_voids_the_nudge_of_a_summary_it_threw_away(tg, fake_eve, nb_daemon):
+    """N6, seed 000: the wrap-up invitation is once per window — a /new opens a new one; the "just
+    compacted" nudge never speaks of a summary that /new threw away."""
+    async def turn(text: str) -> str:
+        before = len(fake_eve.sends())
+        await tg.message(text, user_id=OWNER)
+        await tg.wait_for(lambda: len(fake_eve.sends()) > before, 30, "send")
+        await idle(tg, nb_daemon)
+        return fake_eve.sends()[-1]["clientContext"]
+
+    async def new() -> None:
+        before = len(tg.texts())
+        await tg.message("/new", user_id=OWNER)
+        await tg.wait_texts(before + 1, timeout=30)
+        await idle(tg, nb_daemon)
+
+    await turn("a [[tokens=104000]]")
+    assert "Only 6 000 tokens are left" in await turn("b [[tokens=104500]]")
+    await new()
+    await turn("c [[tokens=104000]]")
+    assert "Only 6 000 tokens are left" in await turn("d")  # a new window: invited again
+    await turn("e [[tokens=120000]]")
+    await tg.wait_for(lambda: nb_daemon.chat(str(OWNER))["compactions"] == 1, 30, "compaction")
+    await idle(tg, nb_daemon)
+    await new()
+    assert "just compacted" not in (await turn("f") or "")
