@@ -331,6 +331,15 @@ async def test_a_big_notebook_is_rebuilt_after_the_reply_with_the_archive_first(
     status, restored = await api(nb_daemon, "POST", base + "/restore")
     assert status == 200 and restored["restored"] == 42
     assert len(notes_in_db(nb_daemon, str(OWNER))) == 42
+    # A restore holds the rebuild off until the notebook changes again (it is the owner's choice):
+    rebuilds = len(fake_eve.creates)
+    await tg.message("a turn after the restore", user_id=OWNER)
+    await tg.wait_for(lambda: any("after the restore" in text for text in tg.texts()), 30, "the answer")
+    await nb_daemon.settled()
+    assert len(notes_in_db(nb_daemon, str(OWNER))) == 42 and len(fake_eve.creates) == rebuilds
+    await api(nb_daemon, "PUT", base + "/fact-0", {"body": "fact zero, changed"})
+    await tg.message("a turn after a change", user_id=OWNER)
+    await tg.wait_for(lambda: len(notes_in_db(nb_daemon, str(OWNER))) == 2, 30, "rebuilt again after the change")
 
 
 async def test_a_bad_rebuild_keeps_the_old_notebook_retries_once_and_does_not_loop(tg, fake_eve, nb_daemon):

@@ -292,6 +292,10 @@ class Notebook:
             records, _, _ = archived
             await self._archive(address, await self.notes(address), "restore")
             await self._replace(address, records)
+            # N7: the owner chose this notebook: no rebuild undoes it until it changes again (held
+            # as the negative of the version, apart from a failed rebuild's positive mark).
+            await self.db.execute("UPDATE chats SET notes_rebuild_failed = -notes_version WHERE address = ?",
+                                  (address,))
         logger.info("notes_restored", address=address, notes=len(records))
         return len(records)
 
