@@ -88,7 +88,7 @@ async def _check(settings: Settings) -> int:
                     warnings.append(f"IVA_CONTEXT_WINDOW={settings.context_window} but eve reports "
                                     f"{info.context_window_tokens}")
                 if window:
-                    safety = parking.in_turn_threshold(window)
+                    safety = parking.in_turn_threshold(window, settings.inturn_percent)
                     if ours >= safety:
                         warnings.append(
                             f"the parking threshold {ours} is not below eve's in-turn safety net {safety} "

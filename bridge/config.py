@@ -127,6 +127,9 @@ class Settings:
     context_window: int | None = None
     compact_percent: int = DEFAULT_COMPACT_PERCENT
     compact_ceiling: int = DEFAULT_COMPACT_CEILING
+    # N6′: eve's in-turn safety net as a percent of the window, when the agent sets it otherwise
+    # than min(75% × window, 137 500) (C9); the [window] wall while parking is off.
+    inturn_percent: float | None = None
     manual_compact_min: int = DEFAULT_MANUAL_COMPACT_MIN
     compact_ack_seconds: float = DEFAULT_COMPACT_ACK_SECONDS
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT
@@ -398,6 +401,7 @@ class Settings:
             context_window=integer("IVA_CONTEXT_WINDOW", None, low=1000),
             compact_percent=integer("IVA_COMPACT_PERCENT", DEFAULT_COMPACT_PERCENT, low=1, high=100),
             compact_ceiling=integer("IVA_COMPACT_CEILING", DEFAULT_COMPACT_CEILING, low=1000),
+            inturn_percent=min(100.0, number("IVA_INTURN_PERCENT", 0.0, low=1, what="a percent")) or None,
             manual_compact_min=integer("IVA_MANUAL_COMPACT_MIN", DEFAULT_MANUAL_COMPACT_MIN, low=0),
             compact_ack_seconds=number("IVA_COMPACT_ACK_SECONDS", DEFAULT_COMPACT_ACK_SECONDS, low=0.1),
             busy_timeout=number("IVA_BUSY_TIMEOUT", DEFAULT_BUSY_TIMEOUT, low=1.0),

@@ -339,3 +339,19 @@ async def test_manual_compact_after_line_is_the_next_turns_first_step(tg, fake_e
     await tg.message("tools [[steps=12000,40000]]", user_id=OWNER)
     await tg.wait_texts(5)
     assert tg.texts()[4] == "After compaction: 12 000 tokens (was 50 000)."
+
+
+async def test_compact_during_an_automatic_compaction_promises_nothing_it_will_not_say(tg, fake_eve, bridge):
+    """C11, seed 004: an automatic compaction is silent, so /compact during it must not say
+    "I'll say when it's done" (nothing would ever be said)."""
+    fake_eve.summary_delay = 2
+    await tg.message("big [[tokens=120000]]", user_id=OWNER)
+    await tg.wait_texts(1)
+    await wait_chat(bridge, tg, compacting, "compacting")
+    await tg.message("/compact", user_id=OWNER)
+    await tg.wait_texts(2)
+    assert tg.texts()[1] == ("I'm compacting the conversation already, on my own; your next message is "
+                             "answered right after.")
+    await wait_chat(bridge, tg, lambda c: idle(c) and c["compactions"] == 1, "compacted")
+    await bridge.settled()
+    assert len(tg.texts()) == 2

@@ -89,6 +89,13 @@ FRESH_SESSION: Mapping[str, Any] = {
     "compact_retry_at": None,
 }
 
+def _fresh(chat: Chat) -> dict[str, Any]:
+    """FRESH_SESSION, and the notebook's marks of the new window (N6, seed 000): the wrap-up
+    invitation is armed again, and no "just compacted" nudge speaks of a summary that belonged to
+    the session left behind."""
+    return {**FRESH_SESSION, "notes_nudged_upto": chat.compactions, "wrap_nudged_upto": -1}
+
+
 # busy → idle: what a free chat carries.
 _IDLE: Mapping[str, Any] = {
     "status": ChatStatus.IDLE,
@@ -300,7 +307,7 @@ class Transitions:
                 # turn; the turn's end watches for it again (park).
                 fields.update(compact_phase=CompactPhase.RELEASED, origin=chat.origin)
             await self._write(address, **{
-                **_IDLE, **(FRESH_SESSION if session is None else {}), **fields,
+                **_IDLE, **(_fresh(chat) if session is None else {}), **fields,
                 "status": ChatStatus.BUSY, "kind": Kind.TURN, "claim": claim, "busy_since": now,
                 "progress_at": now, "reset_mark": False, "eve_session": session,
                 "cursor": chat.cursor if session else 0,
@@ -320,8 +327,8 @@ class Transitions:
     async def session_dropped(self, address: str, claim: str) -> None:
         """eve no longer knows the session: the turn goes on in a new one (all fresh)."""
         async with self.store.db.transaction():
-            await self._owned(address, claim, ChatState.TURN)
-            await self._write(address, FRESH_SESSION)
+            chat = await self._owned(address, claim, ChatState.TURN)
+            await self._write(address, _fresh(chat))
 
     async def delivered(self, address: str, claim: str, delivery_id: str | None,
                         marks: Mapping[str, int] | None = None, *, steered: Sequence[int] = (),
@@ -423,7 +430,7 @@ class Transitions:
         async with self.store.db.transaction():
             chat = await self._owned(address, claim, ChatState.TURN, ChatState.COMPACTING, ChatState.RELEASED)
             inflight = await self._ack_inflight(chat)
-            await self._write(address, _IDLE, FRESH_SESSION, reset_mark=True)
+            await self._write(address, _IDLE, _fresh(chat), reset_mark=True)
             return chat, inflight
 
     async def _ack_inflight(self, chat: Chat) -> list[Message]:
@@ -584,7 +591,7 @@ class Transitions:
                 raise IllegalTransition(f"{address}: no /new waits")
             inflight = await self.queue.inflight(address)
             await self.queue.ack([m.id for m in inflight])  # /new: what was in flight is done with
-            await self._write(address, _IDLE, FRESH_SESSION, reset_mark=False, reset_requested=False,
+            await self._write(address, _IDLE, _fresh(chat), reset_mark=False, reset_requested=False,
                               reset_reply_to=None, reset_dropped=0)
             return chat
 

@@ -25,6 +25,12 @@ from ..storage.store import Chat
 from ..telegram.texts import number, t
 from .addressing import Address
 from .reminders_command import pressed, reminders_command
+from ..chat.notewrites import changes_line
+from ..chat.services import Services
+from ..chat.transitions import ChatState, state_of
+from ..storage.payloads import Kind, Origin, PeopleButton, QueuedMessage, decode
+from ..people import Redeemed, Role, link
+from ..telegram.texts import number, t
 
 if TYPE_CHECKING:
     from aiogram.types import CallbackQuery
@@ -327,12 +333,15 @@ class Commands:
                     return "duplicate"
                 chat = await s.store.chat(addr)
                 captured = None
+                # "I'll say when it's done" only where it will be said: a /compact's compaction (an
+                # automatic one is silent, C11).
+                already = "compact_already" if chat is not None and chat.origin is Origin.MANUAL else "compact_already_auto"
                 if s.requests.outstanding(addr):
-                    text = t("compact_already", lang)  # C5: eve has not answered the last request yet
+                    text = t(already, lang)  # C5: eve has not answered the last request yet
                 elif chat is not None and state_of(chat) is ChatState.RELEASED:
-                    text = t("compact_already", lang)  # C5: eve may still start the released one
+                    text = t(already, lang)  # C5: eve may still start the released one
                 elif chat is not None and chat.busy:
-                    text = t("compact_already" if chat.kind is Kind.COMPACT else "compact_after_answer", lang)
+                    text = t(already if chat.kind is Kind.COMPACT else "compact_after_answer", lang)
                 elif (chat is None or not chat.eve_session or chat.reset_mark or chat.measurement is None
                       or chat.measurement < s.settings.manual_compact_min):
                     text = t("compact_nothing", lang)  # M2: small or unknown

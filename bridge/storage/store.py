@@ -955,7 +955,7 @@ def read_status(path: Path, *, now: float | None = None) -> dict[str, Any]:
             errors.append(f"a reply was given up on {age(box['last_failed']):.0f}s ago")
         if chat["compact_failures"]:
             errors.append(f"compaction failed {chat['compact_failures']}x in a row")
-        if chat["notes_rebuild_failed"] is not None:
+        if chat["notes_rebuild_failed"] is not None and chat["notes_rebuild_failed"] >= 0:  # < 0: a restore's hold
             errors.append("the notebook rebuild failed")
         if (buried := sum(d["address"] == address for d in dead)):
             errors.append(f"{buried} message(s) given up on (iva status --dead; --clear-dead forgets them)")
