@@ -8,6 +8,8 @@ from tests.conftest import OWNER
 from tests.daemons import check_env, iva_check
 from tests.fakes.telegram import TOKEN
 
+pytestmark = pytest.mark.process  # every test here runs the bridge as a process
+
 
 async def test_check_passes_when_all_is_well(tg, fake_eve):
     code, out = await iva_check(check_env(tg, fake_eve.url, fake_eve.token))

@@ -8,6 +8,8 @@ import pytest
 
 from tests.conftest import OWNER, REAL
 
+pytestmark = pytest.mark.process  # every test here runs the bridge as a process
+
 A = str(OWNER)
 
 

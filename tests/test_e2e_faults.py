@@ -6,8 +6,12 @@ import asyncio
 import sqlite3
 import time
 
+import pytest
+
 from tests.conftest import FRIEND, OWNER, STRANGER
 from tests.fakes.telegram import BOT_USERNAME
+
+pytestmark = pytest.mark.process  # every test here runs the bridge as a process
 
 
 async def test_stranger_gets_nothing(tg, fake_eve, bridge):
