@@ -90,6 +90,32 @@ async def harness(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncI
 
 
 @pytest.fixture
+async def in_process_factory(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncIterator[Any]:
+    """``make(**env)``: the bridge in process (tests/harness.py) with these settings, not yet
+    started, seen as ``daemon_factory``'s daemons are (tests/harness.py's ``InProcess``)."""
+    from tests.harness import Harness, InProcess
+
+    made: list[Harness] = []
+
+    def make(**env: str) -> InProcess:
+        h = Harness(tmp_path / "state", tg, fake_eve, **env)
+        made.append(h)
+        return InProcess(h)
+
+    yield make
+    for h in made:
+        await h.stop()
+
+
+@pytest.fixture
+async def in_process(in_process_factory: Any) -> Any:
+    """The bridge in process, started: what a scenario-only test of the daemon runs on."""
+    bridge = in_process_factory()
+    await bridge.start()
+    return bridge
+
+
+@pytest.fixture
 async def fake_eve() -> AsyncIterator[FakeEve]:
     fake = FakeEve()
     await fake.start()
