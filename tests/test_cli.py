@@ -19,6 +19,8 @@ from tests.fakes.telegram import BOT_ID, TOKEN
 from tests.harness import Harness
 from tests.zygote import spawn_bridge
 
+pytestmark = pytest.mark.process  # every test here runs the bridge as a process
+
 
 async def test_check_passes_when_all_is_well(tg, fake_eve):
     code, out = await iva_check(check_env(tg, fake_eve.url, fake_eve.token))

@@ -8,9 +8,12 @@ import json
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.conftest import FRIEND, OWNER
 from tests.daemons import API_TOKEN, api, idle, notes_in_db
+
+pytestmark = pytest.mark.process  # every test here runs the bridge as a process
 
 GROUP = -1001
 
