@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..storage.store import Chat
 from ..notebook import rules
+from ..storage.store import Chat
 
 __all__ = ["COOLDOWN", "ParkingDecision", "cooldown", "in_turn_threshold", "parking_decision", "threshold"]
 

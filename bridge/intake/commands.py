@@ -20,17 +20,11 @@ from ..chat.notewrites import changes_line
 from ..chat.services import Services
 from ..chat.transitions import ChatState, state_of
 from ..people import Redeemed, Role, link
-from ..storage.payloads import Kind, PeopleButton, QueuedMessage, decode
+from ..storage.payloads import Kind, Origin, PeopleButton, QueuedMessage, decode
 from ..storage.store import Chat
 from ..telegram.texts import number, t
 from .addressing import Address
 from .reminders_command import pressed, reminders_command
-from ..chat.notewrites import changes_line
-from ..chat.services import Services
-from ..chat.transitions import ChatState, state_of
-from ..storage.payloads import Kind, Origin, PeopleButton, QueuedMessage, decode
-from ..people import Redeemed, Role, link
-from ..telegram.texts import number, t
 
 if TYPE_CHECKING:
     from aiogram.types import CallbackQuery
