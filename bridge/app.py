@@ -291,7 +291,8 @@ def notebook_config(settings: Settings) -> NotebookConfig:
     defaults = PressureTexts()
     window, wrap, nudge = settings.notes_texts
     texts = PressureTexts(window=window or defaults.window, wrap=wrap or defaults.wrap, nudge=nudge or defaults.nudge)
-    return NotebookConfig(enabled=settings.notes_enabled, connection=settings.notes_connection, texts=texts)
+    return NotebookConfig(enabled=settings.notes_enabled, connection=settings.notes_connection, texts=texts,
+                          inturn_percent=settings.inturn_percent)
 
 
 async def run(settings: Settings) -> int:

@@ -26,6 +26,7 @@ DEFAULT_BUSY_TIMEOUT = 900.0
 
 
 DEFAULT_EVE_GRACE = 3.0  # seconds eve may take to start a turn with a message we are unsure it has (F4)
+DEFAULT_SEND_MAX_AGE = 3600.0  # seconds: a message eve failed on and still fails on this long after it came is given up (F6)
 DEFAULT_SEND_ATTEMPTS = 5  # a message eve answers 5xx (and never started) goes this often, then the person is told (F6)
 DEFAULT_HEALTH_REPLY_SECONDS = 120.0
 DEFAULT_MAX_TURNS = 16
@@ -126,12 +127,16 @@ class Settings:
     context_window: int | None = None
     compact_percent: int = DEFAULT_COMPACT_PERCENT
     compact_ceiling: int = DEFAULT_COMPACT_CEILING
+    # N6′: eve's in-turn safety net as a percent of the window, when the agent sets it otherwise
+    # than min(75% × window, 137 500) (C9); the [window] wall while parking is off.
+    inturn_percent: float | None = None
     manual_compact_min: int = DEFAULT_MANUAL_COMPACT_MIN
     compact_ack_seconds: float = DEFAULT_COMPACT_ACK_SECONDS
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT
     eve_grace: float = DEFAULT_EVE_GRACE
     health_reply_seconds: float = DEFAULT_HEALTH_REPLY_SECONDS
     send_attempts: int = DEFAULT_SEND_ATTEMPTS
+    send_max_age: float = DEFAULT_SEND_MAX_AGE
     lang: Literal["ru", "en"] = "ru"
     api_listen: str = DEFAULT_API_LISTEN
     api_token: str | None = field(default=None, repr=False)
@@ -396,12 +401,14 @@ class Settings:
             context_window=integer("IVA_CONTEXT_WINDOW", None, low=1000),
             compact_percent=integer("IVA_COMPACT_PERCENT", DEFAULT_COMPACT_PERCENT, low=1, high=100),
             compact_ceiling=integer("IVA_COMPACT_CEILING", DEFAULT_COMPACT_CEILING, low=1000),
+            inturn_percent=min(100.0, number("IVA_INTURN_PERCENT", 0.0, low=1, what="a percent")) or None,
             manual_compact_min=integer("IVA_MANUAL_COMPACT_MIN", DEFAULT_MANUAL_COMPACT_MIN, low=0),
             compact_ack_seconds=number("IVA_COMPACT_ACK_SECONDS", DEFAULT_COMPACT_ACK_SECONDS, low=0.1),
             busy_timeout=number("IVA_BUSY_TIMEOUT", DEFAULT_BUSY_TIMEOUT, low=1.0),
             eve_grace=number("IVA_EVE_GRACE", DEFAULT_EVE_GRACE, low=0.5),
             health_reply_seconds=number("IVA_HEALTH_REPLY_SECONDS", DEFAULT_HEALTH_REPLY_SECONDS, low=1.0),
             send_attempts=integer("IVA_EVE_SEND_ATTEMPTS", DEFAULT_SEND_ATTEMPTS, low=1, high=100),
+            send_max_age=number("IVA_EVE_SEND_MAX_AGE", DEFAULT_SEND_MAX_AGE, low=1.0),
             max_turns=integer("IVA_MAX_TURNS", DEFAULT_MAX_TURNS, low=1, high=10_000),
             batch_size=integer("IVA_BATCH", DEFAULT_BATCH, low=1, high=100),
             max_file_mb=integer("IVA_MAX_FILE_MB", DEFAULT_MAX_FILE_MB, low=1, high=2000),

@@ -4,9 +4,9 @@
     ├── ConfigError            config.py: every problem found in the environment, one line each
     ├── StateUnavailable       storage/state.py: the state database cannot be used (locked, full, not permitted)
     ├── StateCorrupt           storage/state.py: SQLite found the database corrupt while the bridge ran (exit 5)
-    ├── SchemaMismatch         storage/store.py: the database's schema is not this Iva's
-    ├── SchemaTooNew           storage/store.py: the database was written by a newer Iva (exit 6)
-    ├── OtherBot               storage/store.py: the state directory is another bot's (exit 7)
+    ├── SchemaMismatch         storage/store.py: the database's schema is not this Iva's (iva status)
+    ├── SchemaTooNew           storage/store.py: a newer Iva wrote the state (exit 6)
+    ├── OtherBot               storage/store.py: the state is another bot's (exit 7)
     ├── IllegalTransition      chat/transitions.py: not defined from the chat's current state
     │   └── Superseded         the busy period a caller follows is over (its claim is not the record's)
     ├── Lost                   chat/delivery.py: the eve session is gone, stranded or stuck
@@ -22,7 +22,7 @@
     ├── ToolUsed               notebook/rebuild.py: the rebuild's model called a tool (S5)
     └── NoteError              notebook/rules.py: a refusal the model reads (also a ValueError)
 
-Private control-flow exceptions (``app._Shutdown``, ``notebook.mcp._Refused`` …) and the
+Private control-flow exceptions (``app._Shutdown``, ``web.mcp._Refused`` …) and the
 storage layer's ``diskqueue.DatabaseError`` stay outside: they never leave their module.
 This module imports nothing of the bridge, so every layer may derive from it.
 """

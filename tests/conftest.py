@@ -6,7 +6,7 @@ import asyncio
 import os
 import signal
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,35 @@ async def tg_limited() -> AsyncIterator[FakeTelegram]:
         await fake.stop()
 
 
+# -- which tests run the bridge as a process --------------------------------------------------------
+# A test that starts a real bridge process (the daemon fixtures, ``iva check``, ``python -m
+# bridge``) carries ``@pytest.mark.process``: the mark is required on every test using a daemon
+# fixture (checked at collection) and on every test that calls tests/zygote.py's spawn_bridge
+# (checked when it does). tests/unit/test_process_budget.py counts the marked tests.
+
+DAEMON_FIXTURES = frozenset({"bridge", "daemon_factory", "nb_daemon"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "process: the test starts a real bridge process (at most 50 such tests)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = [item.nodeid for item in items
+                if DAEMON_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("process") is None]
+    if unmarked:
+        raise pytest.UsageError("these tests start the daemon without @pytest.mark.process: " + ", ".join(unmarked))
+
+
+@pytest.fixture(autouse=True)
+def _process_mark(request: pytest.FixtureRequest) -> Iterator[None]:
+    import tests.zygote
+
+    tests.zygote.PROCESS_ALLOWED = request.node.get_closest_marker("process") is not None
+    yield
+    tests.zygote.PROCESS_ALLOWED = False
+
+
 FAKE_EVES: dict[str, FakeEve] = {}  # URL → the fake eve serving there (Daemon.settled looks in it)
 
 
@@ -58,6 +87,32 @@ async def harness(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncI
         yield h
     finally:
         await h.stop()
+
+
+@pytest.fixture
+async def in_process_factory(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncIterator[Any]:
+    """``make(**env)``: the bridge in process (tests/harness.py) with these settings, not yet
+    started, seen as ``daemon_factory``'s daemons are (tests/harness.py's ``InProcess``)."""
+    from tests.harness import Harness, InProcess
+
+    made: list[Harness] = []
+
+    def make(**env: str) -> InProcess:
+        h = Harness(tmp_path / "state", tg, fake_eve, **env)
+        made.append(h)
+        return InProcess(h)
+
+    yield make
+    for h in made:
+        await h.stop()
+
+
+@pytest.fixture
+async def in_process(in_process_factory: Any) -> Any:
+    """The bridge in process, started: what a scenario-only test of the daemon runs on."""
+    bridge = in_process_factory()
+    await bridge.start()
+    return bridge
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ import httpx
 
 import eve_client as eve
 from bridge.app import make_bot, notebook_config
-from bridge.chat.services import Clock, Services
+from bridge.chat.services import PeriodClock, Services
 from bridge.chat.worker import Scheduler
 from bridge.config import Settings
 from bridge.intake.commands import Commands
@@ -108,7 +108,7 @@ async def open_store(path: Path, **kwargs: Any) -> tuple[Database, DiskQueue, St
 class Harness:
     def __init__(self, state: Path, tg: FakeTelegram, fake_eve: FakeEve, *,
                  eve_transport: httpx.AsyncBaseTransport | None = None,
-                 clock: Any = None, busy_clock: Clock | None = None, **env: str) -> None:
+                 clock: Any = None, busy_clock: PeriodClock | None = None, **env: str) -> None:
         self.state = state
         self.eve_transport = eve_transport  # eve_client's own seam, for faults below HTTP
         self.clock = clock  # a test's clock for the pacer's holds (tests/fakes/clock.py), or None: real time
@@ -270,3 +270,31 @@ class Harness:
 
     async def until(self, predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
         return await until(predicate, timeout, what, every=0.01)
+
+
+class InProcess:
+    """The harness as the daemon fixture's tests see a daemon (tests/conftest.py's ``Daemon``):
+    ``chat(address)`` as a dict, ``db()``, ``settled()``, ``start()``; a scenario moved off the
+    real process keeps its assertions word for word. A crash is :meth:`Harness.crash`."""
+
+    def __init__(self, h: Harness) -> None:
+        self.h = h
+        self.state = h.settings.state_dir
+
+    async def start(self) -> None:
+        await self.h.start()
+
+    async def crash(self) -> None:
+        await self.h.crash()
+
+    def db(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.h.settings.db_path)
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def chat(self, address: str) -> dict[str, Any] | None:
+        rows = self.h.observe("SELECT * FROM chats WHERE address = ?", (address,))
+        return dict(rows[0]) if rows else None
+
+    async def settled(self, timeout: float = 30, *, eve: bool = True) -> None:
+        await self.h.settled(timeout, eve_quiet=eve)

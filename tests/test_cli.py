@@ -10,12 +10,16 @@ from pathlib import Path
 import pytest
 
 from bridge.app import EXIT_OTHER_BOT, EXIT_SCHEMA_NEWER
+from bridge.cli import main
 from bridge.storage.state import open_state
-from bridge.storage.store import SCHEMA_VERSION
+from bridge.storage.store import SCHEMA_VERSION, read_status
 from tests.conftest import OWNER
 from tests.daemons import check_env, iva_check
 from tests.fakes.telegram import BOT_ID, TOKEN
+from tests.harness import Harness
 from tests.zygote import spawn_bridge
+
+pytestmark = pytest.mark.process  # every test here runs the bridge as a process
 
 
 async def test_check_passes_when_all_is_well(tg, fake_eve):
@@ -200,3 +204,35 @@ async def test_another_bots_state_is_refused_in_one_line(tg, fake_eve, tmp_path,
     [line] = [x for x in out.splitlines() if "state_of_another_bot" in x]
     assert "987654" in line and str(BOT_ID) in line
     assert len(tg.calls_of("getUpdates")) == polled
+
+
+async def test_a_poison_message_dies_by_age_and_is_listed_and_cleared_by_status(tmp_path, tg, fake_eve, capsys):
+    """F6: attempts or age, either one: eve failing on a message for IVA_EVE_SEND_MAX_AGE gives it up
+    long before IVA_EVE_SEND_ATTEMPTS; `iva status --dead` lists it, `--clear-dead` forgets it and
+    its warning."""
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_EVE_SEND_ATTEMPTS="100", IVA_EVE_SEND_MAX_AGE="1")
+    await h.start()
+    try:
+        fake_eve.failing_texts = {"poison"}
+        await tg.message("poison", user_id=OWNER)
+        await h.until(lambda: tg.texts(), timeout=60, what="the person told")
+        assert tg.texts() == ["Sorry, I couldn't answer that (the assistant's server kept failing on it). "
+                              "Please try again."]
+        assert 1 <= fake_eve.failed_sends < 100
+        await tg.message("after", user_id=OWNER)
+        await h.settled(30)
+        assert tg.texts()[-1] == "echo: after"
+    finally:
+        await h.stop()
+    state = str(tmp_path / "state")
+    [chat] = read_status(tmp_path / "state" / "iva.sqlite3")["chats"]
+    assert "1 message(s) given up on" in chat["last_error"]
+    capsys.readouterr()
+    assert main(["status", "--state", state, "--dead"]) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.startswith("dead ") and f"chat {OWNER}" in line and "poison" in line and "eve failed on it" in line
+    assert main(["status", "--state", state, "--clear-dead"]) == 0
+    assert "cleared 1 message(s)" in capsys.readouterr().out
+    assert read_status(tmp_path / "state" / "iva.sqlite3")["chats"] == []  # the warning went with them
+    assert main(["status", "--state", state, "--dead"]) == 0
+    assert capsys.readouterr().out.strip() == "no message was given up on"

@@ -36,28 +36,29 @@ def route_order(fake) -> list[str]:
     return out
 
 
-async def test_turn_over_threshold_compacts_once_before_the_next_message(tg, fake_eve, bridge):
+async def test_turn_over_threshold_compacts_once_before_the_next_message(tg, fake_eve, in_process):
     """C1/C2: a turn measured at 120 000 → exactly one compact at parking, before the waiting message."""
     await tg.message("big [[tokens=120000]] [[delay=1]]", user_id=OWNER)
-    await wait_chat(bridge, tg, lambda c: c["status"] == "busy", "busy")
+    await wait_chat(in_process, tg, lambda c: c["status"] == "busy", "busy")
     await tg.message("next please", user_id=OWNER)
     await tg.wait_texts(2)
-    await wait_chat(bridge, tg, idle, "idle")
+    await wait_chat(in_process, tg, idle, "idle")
     assert route_order(fake_eve) == ["send:big", "compact", "send:next"]
     assert tg.texts() == ["echo: big", "echo: next please"]  # C11: nothing said about it
-    chat = bridge.chat(A)
+    chat = in_process.chat(A)
     assert chat["compactions"] == 1 and chat["compaction_disabled"] == 0 and chat["after_pending"] == 0
     assert chat["last_after"] < 76_800
 
 
-async def test_below_threshold_no_compaction(tg, fake_eve, bridge):
+async def test_below_threshold_no_compaction(tg, fake_eve, in_process):
     """C1: under the threshold nothing is compacted."""
     await tg.message("small [[tokens=70000]]", user_id=OWNER)
     await tg.wait_texts(1)
-    await bridge.settled()
+    await in_process.settled()
     assert route_order(fake_eve) == ["send:small"]
 
 
+@pytest.mark.process  # the window read from eve's /info at start is bridge/app.py's, which the harness does not run
 @pytest.mark.parametrize(("window", "expect"), [(None, True), ("1000000", False)])
 async def test_threshold_from_info_or_env(tg, fake_eve, daemon_factory, window, expect):
     """The window comes from IVA_CONTEXT_WINDOW, else eve's /info: 90 000 ≥ 60% of 128 000, < 110 000."""
@@ -71,27 +72,27 @@ async def test_threshold_from_info_or_env(tg, fake_eve, daemon_factory, window, 
     assert d.chat(A)["compactions"] == int(expect)
 
 
-async def test_messages_during_compaction_get_one_notice_and_wait(tg, fake_eve, bridge):
+async def test_messages_during_compaction_get_one_notice_and_wait(tg, fake_eve, in_process):
     """C3 (queue policy): one notice per compaction; all three answered after session.waiting, in order."""
     fake_eve.summary_delay = 2
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
-    await wait_chat(bridge, tg, compacting, "compacting")
+    await wait_chat(in_process, tg, compacting, "compacting")
     for text in ("one", "two", "three"):
         await tg.message(text, user_id=OWNER)
     await tg.wait_texts(3, timeout=20)
-    await wait_chat(bridge, tg, idle, "idle")
+    await wait_chat(in_process, tg, idle, "idle")
     texts = tg.texts()
     assert texts == ["echo: big", "Compacting the conversation, I'll answer soon.", "echo: one two three"]
     assert len(tg.calls_of("setMessageReaction")) == 2  # the other two: received, waiting
     assert route_order(fake_eve) == ["send:big", "compact", "send:one"]
 
 
-async def _interrupt(tg, fake_eve, daemon_factory, *, ack_delay: float = 0.0):
-    """A message during an auto compaction (immediate policy); returns the daemon and how long
+async def _interrupt(tg, fake_eve, in_process_factory, *, ack_delay: float = 0.0):
+    """A message during an auto compaction (immediate policy); returns the bridge and how long
     the message waited for its answer."""
     fake_eve.summary_delay = 10
     fake_eve.compact_ack_delay = ack_delay
-    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_TURN_POLICY="immediate")
+    d = in_process_factory(IVA_TURN_POLICY="immediate")
     await d.start()
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
     await tg.wait_for(lambda: (c := d.chat(A)) and compacting(c), 20, "compacting")
@@ -104,55 +105,56 @@ async def _interrupt(tg, fake_eve, daemon_factory, *, ack_delay: float = 0.0):
     return d, waited
 
 
-async def test_a_message_before_eve_accepted_the_compaction_still_interrupts_it(tg, fake_eve, daemon_factory):
+async def test_a_message_before_eve_accepted_the_compaction_still_interrupts_it(tg, fake_eve, in_process_factory):
     """C4, the narrow case: the message comes while the compact request is still on its way; a
     cancel sent then would cancel nothing, so it is sent the moment eve has the compaction."""
-    _, waited = await _interrupt(tg, fake_eve, daemon_factory, ack_delay=1.5)
+    _, waited = await _interrupt(tg, fake_eve, in_process_factory, ack_delay=1.5)
     assert waited < 6  # the ack delay, not the 10 s summary
 
 
-async def test_immediate_policy_interrupts_the_compaction(tg, fake_eve, daemon_factory):
+async def test_immediate_policy_interrupts_the_compaction(tg, fake_eve, in_process_factory):
     """C4: with the immediate policy a message cancels the compaction and is answered at once."""
-    d, waited = await _interrupt(tg, fake_eve, daemon_factory)
+    d, waited = await _interrupt(tg, fake_eve, in_process_factory)
     assert waited < 5  # not after the 10 s summary
     await tg.wait_for(lambda: d.chat(A)["status"] == "idle", 20, "idle")
     assert d.chat(A)["compactions"] == 0
 
 
-async def test_late_acknowledgement_releases_then_recaptures(tg, fake_eve, bridge):
+async def test_late_acknowledgement_releases_then_recaptures(tg, fake_eve, in_process):
     """C6: eve answers /compact after 7 s → free at 5 s, taken again on compaction.requested, free after."""
     fake_eve.compact_ack_delay = 7
     fake_eve.summary_delay = 2
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
-    await wait_chat(bridge, tg, compacting, "compacting")
+    await wait_chat(in_process, tg, compacting, "compacting")
     t0 = time.monotonic()
-    await wait_chat(bridge, tg, idle, "released at the ack window", timeout=10)
+    await wait_chat(in_process, tg, idle, "released at the ack window", timeout=10)
     released = time.monotonic() - t0
     assert 4.0 <= released <= 6.5
-    await wait_chat(bridge, tg, compacting, "recaptured", timeout=10)
+    await wait_chat(in_process, tg, compacting, "recaptured", timeout=10)
     recaptured = time.monotonic() - t0
     assert recaptured >= 6.0
-    await wait_chat(bridge, tg, idle, "free after session.waiting", timeout=10)
+    await wait_chat(in_process, tg, idle, "free after session.waiting", timeout=10)
     assert time.monotonic() - t0 >= 8.0
-    assert bridge.chat(A)["compactions"] == 1
+    assert in_process.chat(A)["compactions"] == 1
     assert route_order(fake_eve) == ["send:big", "compact"]
 
 
-async def test_failed_summary_frees_the_chat_without_a_loop(tg, fake_eve, bridge):
+async def test_failed_summary_frees_the_chat_without_a_loop(tg, fake_eve, in_process):
     """C7: a failed summary leaves the history, frees the chat, and is not retried at once."""
     fake_eve.summary_fail = True
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
     await tg.wait_texts(1)
-    await wait_chat(bridge, tg, lambda c: idle(c) and c["compact_failures"] == 1, "failed compaction")
+    await wait_chat(in_process, tg, lambda c: idle(c) and c["compact_failures"] == 1, "failed compaction")
     session = next(iter(fake_eve.sessions.values()))
     assert session.compactions_done == 0  # the history is as it was
     await tg.message("again big [[tokens=120000]]", user_id=OWNER)
     await tg.wait_texts(2)
-    await bridge.settled()
+    await in_process.settled()
     assert route_order(fake_eve).count("compact") == 1
     assert tg.texts() == ["echo: big", "echo: again big"]
 
 
+@pytest.mark.process
 async def test_ineffective_compaction_disables_parking_for_the_session(tg, fake_eve, bridge):
     """C8: "after" still ≥ threshold → parking compaction off for the session, across a restart; /new re-enables."""
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
@@ -180,19 +182,19 @@ async def test_ineffective_compaction_disables_parking_for_the_session(tg, fake_
     assert route_order(fake_eve).count("compact") == 2
 
 
-async def test_manual_compact_rules(tg, fake_eve, bridge):
+async def test_manual_compact_rules(tg, fake_eve, in_process):
     """M2/M3: nothing yet when small or unknown; during a turn, again after the answer."""
     await tg.message("/compact", user_id=OWNER)
     await tg.wait_texts(1)
     assert tg.texts()[0].startswith("Nothing to compact yet")
     await tg.message("small [[tokens=20000]]", user_id=OWNER)
     await tg.wait_texts(2)
-    await wait_chat(bridge, tg, idle, "idle")
+    await wait_chat(in_process, tg, idle, "idle")
     await tg.message("/compact", user_id=OWNER)
     await tg.wait_texts(3)
     assert tg.texts()[2].startswith("Nothing to compact yet")
     await tg.message("slow [[tokens=50000]] [[delay=2]]", user_id=OWNER)
-    await wait_chat(bridge, tg, lambda c: c["status"] == "busy", "busy")
+    await wait_chat(in_process, tg, lambda c: c["status"] == "busy", "busy")
     await tg.message("/compact", user_id=OWNER)
     await tg.wait_texts(4)
     assert tg.texts()[3] == "I'm still answering. Send /compact again after the answer."
@@ -200,11 +202,11 @@ async def test_manual_compact_rules(tg, fake_eve, bridge):
     assert "compact" not in route_order(fake_eve)
 
 
-async def test_manual_compact_reports_before_and_after_and_runs_once(tg, fake_eve, bridge):
+async def test_manual_compact_reports_before_and_after_and_runs_once(tg, fake_eve, in_process):
     """M1/M4/M5: two /compact in one batch → one compaction; before, done, then the after size."""
     await tg.message("long talk [[tokens=50000]]", user_id=OWNER)
     await tg.wait_texts(1)
-    await wait_chat(bridge, tg, idle, "idle")
+    await wait_chat(in_process, tg, idle, "idle")
     fake_eve.summary_delay = 1
     await tg.add_updates([tg.make_message("/compact", user_id=OWNER), tg.make_message("/compact", user_id=OWNER)])
     await tg.wait_texts(4, timeout=20)
@@ -213,7 +215,7 @@ async def test_manual_compact_reports_before_and_after_and_runs_once(tg, fake_ev
     assert "Already compacting — I'll say when it's done." in texts
     assert texts[-1].startswith("Done: the conversation is compacted")
     assert route_order(fake_eve).count("compact") == 1
-    await wait_chat(bridge, tg, idle, "idle")
+    await wait_chat(in_process, tg, idle, "idle")
     await tg.message("how big now", user_id=OWNER)
     await tg.wait_texts(6)
     after = tg.texts()[4:]
@@ -221,6 +223,7 @@ async def test_manual_compact_reports_before_and_after_and_runs_once(tg, fake_ev
     assert after[1].startswith("After compaction: ") and after[1].endswith("tokens (was 50 000).")
 
 
+@pytest.mark.process
 async def test_contract_notice_and_interrupt_on_both_eves(tg, backend, daemon_factory):
     """C3 then C4 on the fake and the real eve: one notice and an ordered answer; an interrupting message."""
     d = daemon_factory(backend.url, backend.token)
@@ -249,6 +252,7 @@ async def test_contract_notice_and_interrupt_on_both_eves(tg, backend, daemon_fa
     assert tg.texts()[3:] == ["echo: huge", "echo: now"]
 
 
+@pytest.mark.process
 @REAL
 async def test_real_eve_parking_compaction_shrinks_the_next_turn(tg, real_eve, daemon_factory):
     """On the real eve: a 120 000-token turn is compacted at parking; the next measurement is far lower."""
@@ -269,7 +273,7 @@ async def test_real_eve_parking_compaction_shrinks_the_next_turn(tg, real_eve, d
     assert tg.texts() == ["echo: a long day", "echo: and now?"]
 
 
-async def test_group_compact_and_new_use_the_topic_address(tg, fake_eve, bridge):
+async def test_group_compact_and_new_use_the_topic_address(tg, fake_eve, in_process):
     """M6: in a forum topic, /compact and /new act on that topic's conversation, not the group's."""
     from tests.fakes.telegram import BOT_USERNAME
 
@@ -279,7 +283,7 @@ async def test_group_compact_and_new_use_the_topic_address(tg, fake_eve, bridge)
     await tg.message(f"@{BOT_USERNAME} group talk [[tokens=60000]]", entities=mention, **where)
     await tg.wait_texts(1)
     address = f"{group}/{topic}"
-    await tg.wait_for(lambda: (c := bridge.chat(address)) and c["status"] == "idle", 20, "idle")
+    await tg.wait_for(lambda: (c := in_process.chat(address)) and c["status"] == "idle", 20, "idle")
     await tg.message("/compact", **where)
     await tg.wait_texts(3, timeout=20)
     assert tg.texts()[1].startswith("Compacting the conversation (60 000 tokens)")
@@ -287,14 +291,14 @@ async def test_group_compact_and_new_use_the_topic_address(tg, fake_eve, bridge)
     await tg.message("/new", **where)
     await tg.wait_texts(4)
     assert tg.texts()[3] == "New conversation started."
-    assert bridge.chat(address)["eve_session"] is None
-    assert bridge.chat(str(group)) is None  # the group's own address was never touched
+    assert in_process.chat(address)["eve_session"] is None
+    assert in_process.chat(str(group)) is None  # the group's own address was never touched
 
 
-async def test_abandoned_compaction_is_closed_after_the_busy_timeout(tg, fake_eve, daemon_factory):
+async def test_abandoned_compaction_is_closed_after_the_busy_timeout(tg, fake_eve, in_process_factory):
     """C10/C11/R3: a compaction that never ends frees the chat after IVA_BUSY_TIMEOUT; auto says nothing,
     /compact asks to send it again; the next message starts a new session."""
-    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_BUSY_TIMEOUT="3")
+    d = in_process_factory(IVA_BUSY_TIMEOUT="3")
     await d.start()
     fake_eve.summary_delay = 60
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
@@ -339,3 +343,19 @@ async def test_manual_compact_after_line_is_the_next_turns_first_step(tg, fake_e
     await tg.message("tools [[steps=12000,40000]]", user_id=OWNER)
     await tg.wait_texts(5)
     assert tg.texts()[4] == "After compaction: 12 000 tokens (was 50 000)."
+
+
+async def test_compact_during_an_automatic_compaction_promises_nothing_it_will_not_say(tg, fake_eve, bridge):
+    """C11, seed 004: an automatic compaction is silent, so /compact during it must not say
+    "I'll say when it's done" (nothing would ever be said)."""
+    fake_eve.summary_delay = 2
+    await tg.message("big [[tokens=120000]]", user_id=OWNER)
+    await tg.wait_texts(1)
+    await wait_chat(bridge, tg, compacting, "compacting")
+    await tg.message("/compact", user_id=OWNER)
+    await tg.wait_texts(2)
+    assert tg.texts()[1] == ("I'm compacting the conversation already, on my own; your next message is "
+                             "answered right after.")
+    await wait_chat(bridge, tg, lambda c: idle(c) and c["compactions"] == 1, "compacted")
+    await bridge.settled()
+    assert len(tg.texts()) == 2

@@ -6,21 +6,23 @@ import asyncio
 import sqlite3
 import time
 
+import pytest
+
 from tests.conftest import FRIEND, OWNER, STRANGER
 from tests.fakes.telegram import BOT_USERNAME
 
 
-async def test_stranger_gets_nothing(tg, fake_eve, bridge):
+async def test_stranger_gets_nothing(tg, fake_eve, in_process):
     """T2: someone not in the owner/allowed lists is ignored: no reply, nothing sent to eve."""
     await tg.message("let me in", user_id=STRANGER)
     await tg.message("hi from a friend", user_id=FRIEND)
     await tg.wait_texts(1)
-    await bridge.settled()  # both updates handled to the end: the stranger's did nothing
+    await in_process.settled()  # both updates handled to the end: the stranger's did nothing
     assert tg.texts() == ["echo: hi from a friend"]
     assert [b["message"] for b in fake_eve.sends()] == ["hi from a friend"]
 
 
-async def test_group_answers_mentions_and_replies_only(tg, fake_eve, bridge):
+async def test_group_answers_mentions_and_replies_only(tg, fake_eve, in_process):
     """T2: in a group the bot reacts to a mention or a reply to it, not to other chatter."""
     group = -1001
     await tg.message("just chatting", user_id=OWNER, chat_id=group, chat_type="supergroup")
@@ -30,14 +32,14 @@ async def test_group_answers_mentions_and_replies_only(tg, fake_eve, bridge):
     await tg.wait_texts(1)
     await tg.message("and a follow-up", user_id=FRIEND, chat_id=group, chat_type="supergroup", reply_to_bot=True)
     await tg.wait_texts(2)
-    await bridge.settled()
+    await in_process.settled()
     assert tg.texts()[0] == "echo: Ann: what time is it" and tg.texts()[1].endswith("Ann: and a follow-up")
     # The reply carries the answer it replies to (issue 14).
     assert fake_eve.sends()[-1]["message"] == "> (replying to you) earlier answer\nAnn: and a follow-up"
     assert all(p["chat_id"] == group for p in tg.sent())
 
 
-async def test_forum_topic_is_its_own_address(tg, fake_eve, bridge):
+async def test_forum_topic_is_its_own_address(tg, fake_eve, in_process):
     """T2: a forum topic is an address; the General topic never gets message_thread_id."""
     group = -1002
     await tg.message("/status", user_id=OWNER, chat_id=group, chat_type="supergroup", thread_id=7, is_topic=True)
@@ -51,17 +53,17 @@ async def test_forum_topic_is_its_own_address(tg, fake_eve, bridge):
     assert by_text["echo: Ann: in topic"]["message_thread_id"] == 7
     assert "message_thread_id" not in by_text["echo: Ann: in general"]
     assert len(fake_eve.sessions) == 2
-    assert bridge.chat(f"{group}/7") and bridge.chat(f"{group}")
+    assert in_process.chat(f"{group}/7") and in_process.chat(f"{group}")
 
 
-async def test_long_reply_is_split(tg, fake_eve, bridge):
+async def test_long_reply_is_split(tg, fake_eve, in_process):
     """T6: a reply over 4096 characters arrives as several messages, none over the limit."""
     long = " ".join(f"word{n}" for n in range(1500))  # ~10 000 characters
     await tg.message(f"tell me [[reply={long}]]", user_id=OWNER)
     await tg.wait_for(lambda: len(tg.texts()) >= 3, 15, "three parts")
 
     def delivered() -> bool:
-        with bridge.db() as conn:
+        with in_process.db() as conn:
             return conn.execute("SELECT count(*) FROM outbox WHERE state = 'pending'").fetchone()[0] == 0
 
     await tg.wait_for(delivered, 15, "every part sent")
@@ -70,7 +72,7 @@ async def test_long_reply_is_split(tg, fake_eve, bridge):
     assert " ".join(parts).split() == long.split()
 
 
-async def test_markdown_becomes_entities(tg, fake_eve, bridge):
+async def test_markdown_becomes_entities(tg, fake_eve, in_process):
     """T6: Markdown is rendered as entities, so Telegram has nothing to parse."""
     await tg.message("fmt [[reply=**bold** and `code`]]", user_id=OWNER)
     await tg.wait_texts(1)
@@ -80,7 +82,7 @@ async def test_markdown_becomes_entities(tg, fake_eve, bridge):
     assert "parse_mode" not in sent
 
 
-async def test_429_waits_retry_after(tg, fake_eve, bridge):
+async def test_429_waits_retry_after(tg, fake_eve, in_process):
     """T6: a 429 is honoured: the send is retried after retry_after, and succeeds once."""
     tg.fail("sendMessage", 429, retry_after=1)
     await tg.message("hurry", user_id=OWNER)
@@ -91,7 +93,7 @@ async def test_429_waits_retry_after(tg, fake_eve, bridge):
     assert tg.texts() == ["echo: hurry"]
 
 
-async def test_transient_telegram_errors_retry(tg, fake_eve, bridge):
+async def test_transient_telegram_errors_retry(tg, fake_eve, in_process):
     """T6: 5xx answers and a dropped connection are retried with backoff; nothing is lost."""
     tg.fail("sendMessage", 502, times=2)
     tg.fail("sendMessage", 500, drop=True)
@@ -100,31 +102,31 @@ async def test_transient_telegram_errors_retry(tg, fake_eve, bridge):
     assert tg.texts() == ["echo: flaky"]
 
 
-async def test_blocked_bot_is_recorded_and_stops_sends(tg, fake_eve, bridge):
+async def test_blocked_bot_is_recorded_and_stops_sends(tg, fake_eve, in_process):
     """T6: a blocked bot is recorded; later replies for that chat are not attempted; nothing crashes."""
     tg.blocked_chats.add(OWNER)
     await tg.message("you will not see this", user_id=OWNER)
-    await tg.wait_for(lambda: (bridge.chat(str(OWNER)) or {}).get("blocked") == 1, 15, "blocked mark")
+    await tg.wait_for(lambda: (in_process.chat(str(OWNER)) or {}).get("blocked") == 1, 15, "blocked mark")
     await tg.message("other chat works", user_id=FRIEND)
     await tg.wait_texts(1)
     assert tg.texts() == ["echo: other chat works"]
 
 
-async def test_cut_stream_and_garbage_lines_do_not_duplicate(tg, fake_eve, bridge):
+async def test_cut_stream_and_garbage_lines_do_not_duplicate(tg, fake_eve, in_process):
     """T7/R6: a stream cut mid-line resumes from the cursor, garbage lines are skipped, one reply."""
     fake_eve.cut_streams = 2
     fake_eve.cut_after = 2
     fake_eve.garbage_every = 3
     await tg.message("resilient", user_id=OWNER)
     await tg.wait_texts(1)
-    await tg.wait_for(lambda: bridge.chat(str(OWNER))["status"] == "idle", 10, "idle")
+    await tg.wait_for(lambda: in_process.chat(str(OWNER))["status"] == "idle", 10, "idle")
     await tg.message("again", user_id=OWNER)
     await tg.wait_texts(2)
-    await bridge.settled()
+    await in_process.settled()
     assert tg.texts() == ["echo: resilient", "echo: again"]
 
 
-async def test_session_not_ready_is_retried(tg, fake_eve, bridge):
+async def test_session_not_ready_is_retried(tg, fake_eve, in_process):
     """R6: eve's 409 session_not_ready after a message-free create is retried with backoff."""
     fake_eve.not_ready_sends = 3
     await tg.message("patience", user_id=OWNER)
@@ -132,7 +134,7 @@ async def test_session_not_ready_is_retried(tg, fake_eve, bridge):
     assert fake_eve.not_ready_sends == 0
 
 
-async def test_failed_turn_tells_the_user_and_frees_the_chat(tg, fake_eve, bridge):
+async def test_failed_turn_tells_the_user_and_frees_the_chat(tg, fake_eve, in_process):
     """turn.failed: a short clear message, and the chat is free for the next message."""
     await tg.message("break [[fail=500]]", user_id=OWNER)
     texts = await tg.wait_texts(1)
@@ -142,6 +144,7 @@ async def test_failed_turn_tells_the_user_and_frees_the_chat(tg, fake_eve, bridg
     assert tg.texts()[1] == "echo: fine now"
 
 
+@pytest.mark.process
 async def test_eve_down_messages_wait_and_go_when_back(tg, fake_eve, daemon_factory):
     """R6: with eve unreachable the message stays queued and is answered once eve is back."""
     import socket
@@ -170,18 +173,18 @@ async def test_eve_down_messages_wait_and_go_when_back(tg, fake_eve, daemon_fact
         await site.stop()
 
 
-async def test_typing_runs_during_the_turn_and_stops_before_the_reply(tg, fake_eve, bridge):
+async def test_typing_runs_during_the_turn_and_stops_before_the_reply(tg, fake_eve, in_process):
     """T6: the typing indicator is on while eve works, and never sent after the final reply."""
     await tg.message("think [[delay=1]]", user_id=OWNER)
     await tg.wait_texts(1)
-    await bridge.settled()  # the busy period is over: a typing call after the reply would be in by now
+    await in_process.settled()  # the busy period is over: a typing call after the reply would be in by now
     actions = [c for c in tg.calls if c.method == "sendChatAction"]
     reply = next(c for c in tg.calls if c.method == "sendMessage")
     assert actions and all(a.at < reply.at for a in actions)
     assert actions[0].params["action"] == "typing"
 
 
-async def test_texts_follow_the_users_language(tg, fake_eve, bridge):
+async def test_texts_follow_the_users_language(tg, fake_eve, in_process):
     """Texts in ru and en by the user's language_code."""
     await tg.message("/help", user_id=OWNER, language_code="ru")
     await tg.message("/help", user_id=FRIEND, language_code="en")
@@ -190,6 +193,7 @@ async def test_texts_follow_the_users_language(tg, fake_eve, bridge):
     assert "start a new conversation" in tg.texts(FRIEND)[0]
 
 
+@pytest.mark.process
 async def test_logs_are_json_without_token_or_text(tg, fake_eve, daemon_factory):
     """Logs: JSON lines with the chat bound; never the token; message text only at debug."""
     import json
@@ -208,6 +212,7 @@ async def test_logs_are_json_without_token_or_text(tg, fake_eve, daemon_factory)
     assert "a very private sentence" not in d.logs()
 
 
+@pytest.mark.process  # the command menu is set by bridge/app.py at start, which the harness does not run
 async def test_status_and_help(tg, fake_eve, bridge):
     """M8 (basic): /status shows the session, the state, the queue and the last measurement."""
     await tg.wait_for(lambda: {c.get("language_code") for c in tg.calls_of("setMyCommands")} >= {"en", "ru"},
@@ -228,6 +233,7 @@ async def test_status_and_help(tg, fake_eve, bridge):
     assert "stop" in str(menu) and "/stop" in tg.texts()[0]  # L*: the menu and /help name /stop
 
 
+@pytest.mark.process
 async def test_sigkill_before_commit_redelivers_and_answers_once(tg, fake_eve, bridge):
     """T1: killed after Telegram handed over the update but before the commit: redelivered, one answer.
 
@@ -254,6 +260,7 @@ async def test_sigkill_before_commit_redelivers_and_answers_once(tg, fake_eve, b
     assert tg.handed.count(update_id) == 2  # redelivered after the restart: handed over twice
 
 
+@pytest.mark.process
 async def test_sigkill_loses_and_duplicates_nothing_queued(tg, fake_eve, bridge):
     """Acceptance: messages queued behind a busy chat survive a SIGKILL + restart, answered once each."""
     await tg.message("long [[delay=2]]", user_id=OWNER)
@@ -268,10 +275,10 @@ async def test_sigkill_loses_and_duplicates_nothing_queued(tg, fake_eve, bridge)
     assert tg.texts() == ["echo: long", "echo: queued 0 queued 1 queued 2"]
 
 
-async def test_stuck_session_is_freed_after_busy_timeout(tg, fake_eve, daemon_factory):
+async def test_stuck_session_is_freed_after_busy_timeout(tg, fake_eve, in_process_factory):
     """R2/R3 with the fake eve's "stuck" mode (eve restarted mid-turn, PROTOCOL.md §9): a session that
     makes no progress frees the chat; the person is asked to repeat; the next message gets a new session."""
-    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_BUSY_TIMEOUT="2")
+    d = in_process_factory(IVA_BUSY_TIMEOUT="2")
     await d.start()
     await tg.message("warm up", user_id=OWNER)
     await tg.wait_texts(1)
@@ -288,7 +295,7 @@ async def test_stuck_session_is_freed_after_busy_timeout(tg, fake_eve, daemon_fa
     assert len(fake_eve.sessions) == 2
 
 
-async def test_documents_and_photos_go_to_eve_as_file_parts(tg, fake_eve, bridge):
+async def test_documents_and_photos_go_to_eve_as_file_parts(tg, fake_eve, in_process):
     """T8: a document and a photo reach eve as file parts; a video or an oversized file gets a clear answer."""
     tg.files["doc1"] = b"quarterly numbers"
     tg.files["ph1"] = b"\xff\xd8\xffJPEGDATA"
@@ -316,7 +323,7 @@ async def test_documents_and_photos_go_to_eve_as_file_parts(tg, fake_eve, bridge
     assert len(session.sends) == 2
 
 
-async def test_question_shows_buttons_and_the_answer_resumes_the_turn(tg, fake_eve, bridge):
+async def test_question_shows_buttons_and_the_answer_resumes_the_turn(tg, fake_eve, in_process):
     """T5: turn.waiting on input → the prompt with its options as buttons; a press answers eve."""
     await tg.message("deploy? [[ask=Deploy to prod?|approve|cancel]]", user_id=OWNER)
     await tg.wait_texts(1)
@@ -324,24 +331,24 @@ async def test_question_shows_buttons_and_the_answer_resumes_the_turn(tg, fake_e
     assert prompt["text"] == "Deploy to prod?"
     labels = [b["text"] for row in prompt["reply_markup"]["inline_keyboard"] for b in row]
     assert labels == ["Approve", "Cancel"]
-    await tg.wait_for(lambda: bridge.chat(str(OWNER))["waiting_input"] == 1, 10, "waiting on input")
+    await tg.wait_for(lambda: in_process.chat(str(OWNER))["waiting_input"] == 1, 10, "waiting on input")
     await tg.press(prompt, "Approve", user_id=OWNER)
     await tg.wait_texts(2)
     assert tg.texts()[1] == "answered: approve"
     assert [c["text"] for c in tg.calls_of("answerCallbackQuery")] == ["✓"]
     session = next(iter(fake_eve.sessions.values()))
     assert any(e["type"] == "input.resolved" for e in session.events)
-    await tg.wait_for(lambda: bridge.chat(str(OWNER))["status"] == "idle", 10, "idle")
+    await tg.wait_for(lambda: in_process.chat(str(OWNER))["status"] == "idle", 10, "idle")
     await tg.press(prompt, "Cancel", user_id=OWNER)  # too late: the question is closed
     await tg.wait_for(lambda: len(tg.calls_of("answerCallbackQuery")) == 2, 10, "second answer")
     assert tg.calls_of("answerCallbackQuery")[1]["text"] == "This question is closed."
 
 
-async def test_a_message_answers_the_waiting_turn_under_queue_policy(tg, fake_eve, bridge):
+async def test_a_message_answers_the_waiting_turn_under_queue_policy(tg, fake_eve, in_process):
     """T5: while the turn waits on the person, their next message goes to eve at once (queue policy too)."""
     await tg.message("name? [[ask=What should I call it?]]", user_id=OWNER)
     await tg.wait_texts(1)
-    await tg.wait_for(lambda: bridge.chat(str(OWNER))["waiting_input"] == 1, 10, "waiting on input")
+    await tg.wait_for(lambda: in_process.chat(str(OWNER))["waiting_input"] == 1, 10, "waiting on input")
     await tg.message("Bob", user_id=OWNER)
     await tg.wait_texts(2)
     assert tg.texts()[1] == "answered: Bob"

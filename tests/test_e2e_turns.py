@@ -6,6 +6,8 @@ import pytest
 
 from tests.conftest import OWNER
 
+pytestmark = pytest.mark.process  # every test here runs the bridge as a process
+
 
 @pytest.fixture
 async def daemon(daemon_factory, backend):

@@ -39,6 +39,8 @@ from tests.conftest import OWNER, ROOT, Daemon, free_port, secret_leaks
 from tests.fakes.telegram import TOKEN
 from tests.fakes.waiting import until
 
+pytestmark = pytest.mark.process  # every test here runs the bridge as a process
+
 EMULATOR = ROOT / "tests" / "emulator"
 EMPTY_POLL_FLOOR = 0.5  # bridge/intake/ingest.py: seconds between two empty polls, at least
 STARTUP_BASE = 0.5  # bridge/backoff.py STARTUP: the shortest wait between two getMe tries

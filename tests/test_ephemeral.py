@@ -5,6 +5,7 @@ fakes (tests/harness.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -130,3 +131,32 @@ async def test_new_in_a_group_follows_stops_rule(group_bot: Harness, tg: FakeTel
     await say(tg, "/new", OTHER)  # idle now: anyone may
     await group_bot.settled()
     assert to(tg, None)[-1] == "New conversation started."
+
+
+async def _crash_while_answering(h: Harness, tg: FakeTelegram, text: str, chat_id: int, chat_type: str) -> None:
+    """``text`` from the owner; Telegram holds the answer until the bridge is dead; then the restart."""
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(params: dict[str, Any]) -> None:
+        held.set()
+        await release.wait()  # Telegram answers only once the process is dead: nothing was sent
+
+    tg.hooks["sendMessage"] = hold
+    await tg.message(text, user_id=OWNER, chat_id=chat_id, chat_type=chat_type)
+    await asyncio.wait_for(held.wait(), 15)
+    await h.crash()
+    del tg.hooks["sendMessage"]
+    release.set()
+    await tg.wait_for(lambda: not tg.in_flight("sendMessage"), 15, "the held call to end")
+    await h.start()
+    await h.settled()
+
+
+async def test_the_notes_answer_is_durable_in_private_and_in_a_group(group_bot: Harness, tg: FakeTelegram):
+    """/notes's answer commits with its dedupe mark: a crash before Telegram took it answers at
+    the restart, once — in private, and in a group to the owner alone."""
+    await _crash_while_answering(group_bot, tg, "/notes", OWNER, "private")
+    assert tg.texts(OWNER) == ["📓 The notebook of this chat is empty."]
+    await _crash_while_answering(group_bot, tg, "/notes", GROUP, "supergroup")
+    assert to(tg, OWNER) == ["📓 The notebook of this chat is empty."] and to(tg, None) == []
+    assert tg.texts(OWNER) == ["📓 The notebook of this chat is empty."]  # nothing more in private

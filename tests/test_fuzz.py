@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from aiogram.types import Message, User
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -75,7 +76,7 @@ def test_classify_never_raises(text, entities, chat_type, thread, topic, reply, 
     assert context is None or len(context.text) <= QUOTE_LIMIT + 1
 
 
-async def test_telegram_fault_storm_loses_nothing(tg, fake_eve, bridge):
+async def test_telegram_fault_storm_loses_nothing(tg, fake_eve, in_process):
     """R6: 30% of sendMessage and getUpdates calls fail (5xx, 429, dropped): every reply arrives once, in order."""
     tg.start_storm(0.3, {"sendMessage", "getUpdates"})
     for n in range(12):
@@ -87,7 +88,7 @@ async def test_telegram_fault_storm_loses_nothing(tg, fake_eve, bridge):
         return all(f"storm {n}" in got for n in range(12))
 
     await tg.wait_for(done, 90, "all answered through the storm")
-    await bridge.settled(60)  # through the storm too: retries can take a while
+    await in_process.settled(60)  # through the storm too: retries can take a while
     assert tg.storm_hits > 3
     words = " ".join(tg.texts()).replace("echo: ", "").split()
     numbers = [int(w) for w in words if w.isdigit()]
@@ -126,6 +127,7 @@ def _odd_update(rng) -> dict:
     return {kind: message}
 
 
+@pytest.mark.process
 async def test_random_updates_never_crash_the_daemon(tg, fake_eve, bridge):
     """Odd, unknown and hostile updates: no crash, nothing lost — a real message afterwards is answered."""
     import random

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 import eve_client as eve
@@ -40,6 +41,7 @@ async def post(url: str, message: dict[str, Any], **headers: str) -> tuple[int, 
         return response.status, await response.json(content_type=None)
 
 
+@pytest.mark.process
 async def test_eve_with_the_token_saves_and_a_caller_without_it_gets_401(tg, daemon_factory, fake_eve):
     """The fake eve sends its mcp_token; daemon_factory gives the daemon the same IVA_MCP_TOKEN."""
     fake_eve.mcp_token = "fake-mcp-token-1"
@@ -58,6 +60,7 @@ async def test_eve_with_the_token_saves_and_a_caller_without_it_gets_401(tg, dae
     assert "mcp_unauthorized" in d.logs() and "mcp_without_token" not in d.logs()
 
 
+@pytest.mark.process
 async def test_eve_with_a_wrong_token_gets_no_tools_and_writes_nothing(tg, daemon_factory, fake_eve):
     fake_eve.mcp_token = "eves-stale-token"
     d = daemon_factory(fake_eve.url, fake_eve.token, IVA_MCP_TOKEN="iva-new-token")
@@ -69,6 +72,7 @@ async def test_eve_with_a_wrong_token_gets_no_tools_and_writes_nothing(tg, daemo
     assert '"event": "mcp_unauthorized"' in d.logs() and '"reason": "wrong"' in d.logs()
 
 
+@pytest.mark.process
 async def test_iva_refuses_to_start_off_loopback_without_the_token_and_warns_on_loopback(tg, daemon_factory, fake_eve):
     """S1: IVA_API_LISTEN=0.0.0.0 without IVA_MCP_TOKEN is a configuration error (exit 2, one line
     naming the fix); on loopback the bridge runs and says at start that /mcp has no token."""
@@ -90,6 +94,7 @@ async def test_iva_refuses_to_start_off_loopback_without_the_token_and_warns_on_
     assert "mcp_without_token" in d.logs()
 
 
+@pytest.mark.process
 async def test_check_says_what_it_cannot_see_and_warns_without_the_token(tg, fake_eve):
     """eve's /info shows no connection headers (hasHeaders is false even with a resolver), so the
     check says it cannot tell whether eve sends the token; Iva's own missing token is a warning."""
@@ -162,6 +167,7 @@ async def test_the_real_eve_sends_the_token_and_fills_the_session_argument_no_sc
     assert json.loads(answered[-1]["tool_results"][-1]["content"])["saved"] == "shop"
 
 
+@pytest.mark.process
 @REAL
 async def test_the_real_eve_with_a_wrong_token_gets_no_tools_and_the_turn_goes_on(tg, daemon_factory, real_eve):
     """eve reads the 401 as "needs authorization" and tells the model so; the turn still ends."""

@@ -8,9 +8,12 @@ import json
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.conftest import FRIEND, OWNER
 from tests.daemons import API_TOKEN, api, idle, notes_in_db
+
+pytestmark = pytest.mark.process  # every test here runs the bridge as a process
 
 GROUP = -1001
 
@@ -299,6 +302,15 @@ async def test_a_big_notebook_is_rebuilt_after_the_reply_with_the_archive_first(
     status, restored = await api(nb_daemon, "POST", base + "/restore")
     assert status == 200 and restored["restored"] == 42
     assert len(notes_in_db(nb_daemon, str(OWNER))) == 42
+    # A restore holds the rebuild off until the notebook changes again (it is the owner's choice):
+    rebuilds = len(fake_eve.creates)
+    await tg.message("a turn after the restore", user_id=OWNER)
+    await tg.wait_for(lambda: any("after the restore" in text for text in tg.texts()), 30, "the answer")
+    await nb_daemon.settled()
+    assert len(notes_in_db(nb_daemon, str(OWNER))) == 42 and len(fake_eve.creates) == rebuilds
+    await api(nb_daemon, "PUT", base + "/fact-0", {"body": "fact zero, changed"})
+    await tg.message("a turn after a change", user_id=OWNER)
+    await tg.wait_for(lambda: len(notes_in_db(nb_daemon, str(OWNER))) == 2, 30, "rebuilt again after the change")
 
 
 async def test_a_bad_rebuild_keeps_the_old_notebook_retries_once_and_does_not_loop(tg, fake_eve, nb_daemon):
@@ -402,3 +414,31 @@ async def test_the_notes_listing_has_an_etag_and_if_none_match_gives_304(tg, fak
         await api(nb_daemon, "PUT", f"/v1/chats/{OWNER}/notes/shop", {"body": "milk", "description": "list"})
         async with http.get(url, headers={"If-None-Match": etag}) as r:
             assert r.status == 200 and r.headers["ETag"] != etag and (await r.json())["notes"][0]["name"] == "shop"
+
+
+async def test_new_rearms_the_wrap_up_and_voids_the_nudge_of_a_summary_it_threw_away(tg, fake_eve, nb_daemon):
+    """N6, seed 000: the wrap-up invitation is once per window — a /new opens a new one; the "just
+    compacted" nudge never speaks of a summary that /new threw away."""
+    async def turn(text: str) -> str:
+        before = len(fake_eve.sends())
+        await tg.message(text, user_id=OWNER)
+        await tg.wait_for(lambda: len(fake_eve.sends()) > before, 30, "send")
+        await idle(tg, nb_daemon)
+        return fake_eve.sends()[-1]["clientContext"]
+
+    async def new() -> None:
+        before = len(tg.texts())
+        await tg.message("/new", user_id=OWNER)
+        await tg.wait_texts(before + 1, timeout=30)
+        await idle(tg, nb_daemon)
+
+    await turn("a [[tokens=104000]]")
+    assert "Only 6 000 tokens are left" in await turn("b [[tokens=104500]]")
+    await new()
+    await turn("c [[tokens=104000]]")
+    assert "Only 6 000 tokens are left" in await turn("d")  # a new window: invited again
+    await turn("e [[tokens=120000]]")
+    await tg.wait_for(lambda: nb_daemon.chat(str(OWNER))["compactions"] == 1, 30, "compaction")
+    await idle(tg, nb_daemon)
+    await new()
+    assert "just compacted" not in (await turn("f") or "")

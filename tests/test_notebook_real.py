@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import FRIEND, OWNER, REAL
 
-pytestmark = REAL
+pytestmark = [REAL, pytest.mark.process]  # every test here runs the bridge as a process
 
 GROUP = -1002
 SAVE = ('[[call=notebook__chat_note_save {"name": "shop", "description": "shopping list", '

@@ -13,6 +13,7 @@ import itertools
 import time
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 
 from bridge.metrics import METRICS
@@ -347,6 +348,7 @@ async def test_the_pacer_is_on_every_bot():
         await bot.session.close()
 
 
+@pytest.mark.process
 async def test_sigterm_with_a_draft_frame_hung_stops_within_systemds_timeout(tg: FakeTelegram, fake_eve: FakeEve,
                                                                             daemon_factory):
     """Issue 20 (11): SIGTERM while Telegram holds a draft frame: the daemon ends within its

@@ -239,6 +239,7 @@ async def test_status_and_check_make_a_link_while_there_is_no_owner(bare: Harnes
     assert pairing_note(path.with_name("missing.sqlite3"), {}) is not None
 
 
+@pytest.mark.process
 async def test_iva_run_status_and_check_print_a_link_without_a_user_id(daemon_factory, fake_eve: FakeEve,
                                                                       tg: FakeTelegram):
     """The real process: ``iva run`` with no IVA_OWNER_IDS logs the link and its code; ``iva
@@ -281,6 +282,7 @@ async def test_iva_run_status_and_check_print_a_link_without_a_user_id(daemon_fa
     assert "pairing" not in await run("check")
 
 
+@pytest.mark.process
 async def test_a_quarantined_database_means_a_new_pairing_link(daemon_factory, fake_eve: FakeEve, tg: FakeTelegram):
     """R5 and pairing: the paired owner lives in the state database; a database moved aside at
     start takes them with it, so the fresh one has no owner and the start prints a new link — the

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import EVE_PEER, MCP_LISTEN, MCP_TOKENS, OWNER, REAL, RealEve, free_port
 
-pytestmark = [REAL, pytest.mark.timeout(600)]  # eve's build (with the schedule), then minutes of fires
+pytestmark = [REAL, pytest.mark.process, pytest.mark.timeout(600)]  # eve's build (with the schedule), then minutes of fires
 
 API_TOKEN = "push-api-token-0123456789"
 MCP_TOKEN = "push-mcp-token-0123456789"

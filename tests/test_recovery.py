@@ -10,7 +10,11 @@ import sqlite3
 import urllib.error
 import urllib.request
 
+import pytest
+
 from tests.conftest import OWNER, REAL
+
+pytestmark = pytest.mark.process  # every test here runs the bridge as a process
 
 A = str(OWNER)
 

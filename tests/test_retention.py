@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import OWNER
+
+pytestmark = pytest.mark.process  # every test here runs the bridge as a process
 
 DAY = 86_400.0
 

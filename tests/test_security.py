@@ -106,6 +106,7 @@ async def test_status_shows_the_session_only_to_owners(harness: Harness, tg: Fak
     assert "wrun_" not in json.dumps(tg.texts(FRIEND))
 
 
+@pytest.mark.process
 async def test_a_failed_download_logs_no_token(tg: FakeTelegram, fake_eve: FakeEve, bridge) -> None:
     """S5: aiohttp's error text for a failed download holds the file URL, /file/bot<token>/…:
     the log line says what failed, with the token removed. (daemon_factory then checks every

@@ -23,7 +23,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import OWNER
+
+pytestmark = pytest.mark.process  # every test here runs the bridge as a process
 
 MESSAGES = int(os.environ.get("IVA_SOAK_MESSAGES", "120"))
 CHATS = int(os.environ.get("IVA_SOAK_CHATS", "10"))

@@ -39,6 +39,7 @@ def test_unit_is_notify_with_watchdog_state_and_restart(unit):
         assert "EnvironmentFile=/etc/iva/%i.env" in text and "StateDirectory=iva/%i" in text
 
 
+@pytest.mark.process
 async def test_daemon_notifies_ready_watchdog_and_stopping(tg, fake_eve, daemon_factory, tmp_path):
     """READY=1 once serving, WATCHDOG=1 while the polling loop goes round, STOPPING=1 on SIGTERM."""
     path = tmp_path / "notify.sock"

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PIPE = asyncio.subprocess.PIPE
 STDOUT = asyncio.subprocess.STDOUT
 DEVNULL = asyncio.subprocess.DEVNULL
+PROCESS_ALLOWED = False  # set per test by tests/conftest.py: the test is marked @pytest.mark.process
 
 
 # -- the zygote's side -------------------------------------------------------------------------
@@ -209,6 +210,8 @@ async def spawn_bridge(*argv: str, env: dict[str, str], stdout: int | IO[Any] = 
                        stderr: int | IO[Any] = STDOUT, cwd: Path = ROOT) -> Any:
     """``python -m bridge *argv`` as a real process: a zygote's child, or exec'd (IVA_TEST_ZYGOTE=0).
     stdin is /dev/null; stdout is PIPE or a file; stderr is STDOUT or a file."""
+    if not PROCESS_ALLOWED:
+        raise AssertionError("a test that starts a bridge process is marked @pytest.mark.process")
     if os.environ.get("IVA_TEST_ZYGOTE", "1") == "0":
         return await asyncio.create_subprocess_exec(sys.executable, "-m", "bridge", *argv, cwd=cwd, env=env,
                                                     stdin=DEVNULL, stdout=stdout, stderr=stderr)

@@ -30,9 +30,11 @@ class SessionLost:
 @dataclass(frozen=True, slots=True)
 class Refused:
     """eve refused the message itself (``reason`` for the person), or it was stopped before eve
-    ever had it (``reason`` None: nothing to say)."""
+    ever had it (``reason`` None: nothing to say). ``dead``: the messages were given up on (F6),
+    kept for ``iva status --dead`` with that reason."""
 
     reason: str | None
+    dead: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,8 @@ async def end(s: Services, address: str, claim: str | None, outcome: Outcome) ->
             assert claim is not None
             async with s.store.db.transaction():
                 chat, inflight = await s.transitions.fail_turn(address, claim)
+                if outcome.dead is not None:
+                    await s.store.bury(address, inflight, outcome.dead)
                 replied = [m for m in map(decode, (m.payload for m in inflight)) if isinstance(m, QueuedMessage)]
                 line = await failed_line(s.queue, chat, inflight, reason)
                 await s.outbox.say(chat, f"failed:{chat.claim}", line or t("turn_failed", chat.lang, reason=reason),

@@ -15,13 +15,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..notebook import rules
 from ..storage.store import Chat
 
 __all__ = ["COOLDOWN", "ParkingDecision", "cooldown", "in_turn_threshold", "parking_decision", "threshold"]
 
 COOLDOWN = (60.0, 300.0, 900.0)  # seconds before the next auto try, by failures in a row
-IN_TURN_PERCENT = 0.75
-IN_TURN_CEILING = 137_500
 
 
 def threshold(window: int | None, percent: int, ceiling: int) -> int:
@@ -29,9 +28,9 @@ def threshold(window: int | None, percent: int, ceiling: int) -> int:
     return min(window * percent // 100, ceiling) if window else ceiling
 
 
-def in_turn_threshold(window: int) -> int:
+def in_turn_threshold(window: int, percent: float | None = None) -> int:
     """eve's own in-turn safety net, a quarter above ours: min(75% × window, 137 500) (C9)."""
-    return min(int(window * IN_TURN_PERCENT), IN_TURN_CEILING)
+    return rules.in_turn_threshold(window, percent)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ goes to the same consumer from its saved cursor (R2): one procedure for turns an
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 import eve_client as eve
@@ -54,10 +55,15 @@ async def resume(s: Services, inbox: Inbox, chat: Chat) -> None:
                 await end(s, chat.address, chat.claim, Refused(None))
                 logger.info("stopped_before_sent", messages=[m.id for m in inflight])
                 return
-            tried = max((m.attempts for m in inflight if m.claim == chat.claim), default=0)
-            if tried >= s.settings.send_attempts:
-                logger.error("eve_send_given_up", attempts=tried, messages=[m.id for m in inflight])
-                await end(s, chat.address, chat.claim, Refused(t("eve_server_error", chat.lang)))
+            mine = [m for m in inflight if m.claim == chat.claim]
+            tried = max((m.attempts for m in mine), default=0)
+            age = time.time() - min((m.enqueued_at for m in mine), default=time.time())
+            # A cap by attempts or by age, either one (a message eve fails on slowly, each try
+            # far apart, must not hold the chat for ever); an outage is never counted (R6).
+            if tried >= s.settings.send_attempts or (tried and age >= s.settings.send_max_age):
+                logger.error("eve_send_given_up", attempts=tried, age_s=round(age), messages=[m.id for m in inflight])
+                dead = f"eve failed on it {tried}x" + (f" over {round(age)}s" if tried < s.settings.send_attempts else "")
+                await end(s, chat.address, chat.claim, Refused(t("eve_server_error", chat.lang), dead=dead))
                 return
             events = page.events
             if events and (not isinstance(events[-1], eve.SessionWaiting)

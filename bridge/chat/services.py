@@ -22,21 +22,19 @@ from .media import Media
 from .outbox import Outbox
 from .transitions import Transitions
 
-__all__ = ["Clock", "CompactRequests", "ContextWindow", "Services", "Slot"]
+__all__ = ["CompactRequests", "ContextWindow", "PeriodClock", "Services", "Slot"]
 
 T = TypeVar("T")
 
 
-class Clock:
-    """The busy period's time, injected like :class:`~.transitions.Transitions`' wall clock: the
-    monotonic clock for its deadlines, the wall clock for what the record keeps across a
-    restart. A test gives one it moves by hand (``tests/fakes/clock.py``)."""
+class PeriodClock:
+    """The busy periods' time, injected like :class:`~.transitions.Transitions`' clocks: the
+    monotonic clock of their deadlines (the busy timeout, the ack window, the graces), its
+    waits and its timers. A test gives one it moves by hand (``tests/fakes/clock.py``); the
+    wall time written to the record is the transitions' steady one (:mod:`bridge.clock`)."""
 
     def now(self) -> float:
         return time.monotonic()
-
-    def wall(self) -> float:
-        return time.time()
 
     async def get(self, queue: asyncio.Queue[T], within: float) -> T | None:
         """The queue's next item, or None when ``within`` seconds passed first."""
@@ -140,7 +138,7 @@ class Services:
     # encoded and sent): the bridge's memory stays bounded however many albums arrive.
     files: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(FILE_TURNS))
     media: Media = field(default_factory=Media)  # a turn's parts and transcripts, kept until eve has it
-    clock: Clock = field(default_factory=Clock)  # the busy periods' time
+    clock: PeriodClock = field(default_factory=PeriodClock)  # the busy periods' time
 
     def threshold(self) -> int:
         s = self.settings
@@ -149,11 +147,11 @@ class Services:
     @classmethod
     def build(cls, *, settings: Settings, eve_client: EveClient, store: Store, queue: DiskQueue, sender: Sender,
               spawn: Callable[[Coroutine[Any, Any, Any]], object], notebook: Notebook | None = None,
-              rebuilder: Rebuilder | None = None, clock: Clock | None = None) -> Services:
+              rebuilder: Rebuilder | None = None, clock: PeriodClock | None = None) -> Services:
         notebook = notebook if notebook is not None and notebook.enabled else None
         transitions = Transitions(store, queue, notebook)
         return cls(settings=settings, eve=eve_client, store=store, queue=queue, transitions=transitions,
                    sender=sender, outbox=Outbox(store, sender, transitions), spawn=spawn,
                    people=People(store, settings), notebook=notebook,
                    rebuilder=rebuilder if notebook is not None else None,
-                   window=ContextWindow(settings.context_window), clock=clock or Clock())
+                   window=ContextWindow(settings.context_window), clock=clock or PeriodClock())

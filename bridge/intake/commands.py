@@ -20,7 +20,7 @@ from ..chat.notewrites import changes_line
 from ..chat.services import Services
 from ..chat.transitions import ChatState, state_of
 from ..people import Redeemed, Role, link
-from ..storage.payloads import Kind, PeopleButton, QueuedMessage, decode
+from ..storage.payloads import Kind, Origin, PeopleButton, QueuedMessage, decode
 from ..storage.store import Chat
 from ..telegram.texts import number, t
 from .addressing import Address
@@ -327,12 +327,15 @@ class Commands:
                     return "duplicate"
                 chat = await s.store.chat(addr)
                 captured = None
+                # "I'll say when it's done" only where it will be said: a /compact's compaction (an
+                # automatic one is silent, C11).
+                already = "compact_already" if chat is not None and chat.origin is Origin.MANUAL else "compact_already_auto"
                 if s.requests.outstanding(addr):
-                    text = t("compact_already", lang)  # C5: eve has not answered the last request yet
+                    text = t(already, lang)  # C5: eve has not answered the last request yet
                 elif chat is not None and state_of(chat) is ChatState.RELEASED:
-                    text = t("compact_already", lang)  # C5: eve may still start the released one
+                    text = t(already, lang)  # C5: eve may still start the released one
                 elif chat is not None and chat.busy:
-                    text = t("compact_already" if chat.kind is Kind.COMPACT else "compact_after_answer", lang)
+                    text = t(already if chat.kind is Kind.COMPACT else "compact_after_answer", lang)
                 elif (chat is None or not chat.eve_session or chat.reset_mark or chat.measurement is None
                       or chat.measurement < s.settings.manual_compact_min):
                     text = t("compact_nothing", lang)  # M2: small or unknown
@@ -386,40 +389,39 @@ class Commands:
 
     async def notes(self, message: Message, address: Address, lang: str, key: str, args: str) -> str:
         """N9 in Telegram: the owner lists the notebook with what changed since the last look, or
-        reads one note with its last change."""
+        reads one note with its last change. The answer commits with the dedupe mark (and the
+        look's mark), through the outbox: a crash after the mark still answers, once."""
         addr, s = str(address), self.s
-        if not await s.queue.remember(addr, {"kind": "command", "command": "notes"}, dedupe_key=key):
-            return "duplicate"
         notebook = s.notebook
         assert message.from_user is not None
         owner = await s.people.is_owner(message.from_user.id)
-        if notebook is None:
-            text = t("notes_off", lang)
-        elif not owner:
-            text = t("notes_owner_only", lang)
-        elif args:
-            text = await self._note_text(addr, args.split()[0].lower(), lang)
-        else:
-            text = await self._notebook_text(addr, lang)
-        if message.chat.type != "private" and notebook is not None and owner:
-            # A group's notebook is the owner's business: shown to them alone in the group (S7),
-            # or, where Telegram will not, in the owner's private chat.
-            s.spawn(self._notes_privately(message, address, lang, text))
-            return "command"
-        # Plain text: a note is shown as written, and a diff's "-"/"+" lines are not list bullets.
-        s.spawn(s.sender.say(address.chat_id, address.thread_id, text, reply_to=message.message_id, markdown=False,
-                             receiver=self._asker(message)))
+        async with s.store.db.transaction():
+            if not await s.queue.remember(addr, {"kind": "command", "command": "notes"}, dedupe_key=key):
+                return "duplicate"
+            if notebook is None:
+                text = t("notes_off", lang)
+            elif not owner:
+                text = t("notes_owner_only", lang)
+            elif args:
+                text = await self._note_text(addr, args.split()[0].lower(), lang)
+            else:
+                text = await self._notebook_text(addr, lang)
+            # Plain text: a note is shown as written, and a diff's "-"/"+" lines are not list bullets.
+            if message.chat.type != "private" and notebook is not None and owner:
+                # A group's notebook is the owner's business: shown to them alone in the group (S7),
+                # or, where Telegram will not, in the owner's private chat — never to the group.
+                title = message.chat.title or str(address.chat_id)
+                await s.store.put_outgoing(addr, f"re:{key}", address.chat_id, address.thread_id, text,
+                                           format="plain", reply_to=message.message_id,
+                                           receiver=message.from_user.id,
+                                           fallback={"private": f"{title}\n{text}",
+                                                     "sent": t("notes_sent_privately", lang),
+                                                     "unsent": t("notes_start_private", lang)})
+            else:
+                await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
+                                      reply_to=message.message_id, markdown=False, receiver=self._asker(message))
+        s.spawn(s.outbox.flush(addr))
         return "command"
-
-    async def _notes_privately(self, message: Message, address: Address, lang: str, text: str) -> None:
-        assert message.from_user is not None
-        if await self.s.sender.say(address.chat_id, address.thread_id, text, reply_to=message.message_id,
-                                   markdown=False, receiver=message.from_user.id, fallback=False):
-            return
-        title = message.chat.title or str(address.chat_id)
-        sent = await self.s.sender.say(message.from_user.id, None, f"{title}\n{text}", markdown=False)
-        note = t("notes_sent_privately" if sent else "notes_start_private", lang)
-        await self.s.sender.say(address.chat_id, address.thread_id, note, reply_to=message.message_id)
 
     async def _notebook_text(self, addr: str, lang: str) -> str:
         notebook = self.s.notebook

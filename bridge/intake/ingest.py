@@ -30,6 +30,7 @@ from aiogram.types import CallbackQuery, Message, Update, User
 from .. import backoff, log
 from ..chat.services import Services
 from ..chat.worker import Scheduler
+from ..clock import CLOCK
 from ..metrics import METRICS
 from ..people import Role
 from ..storage.payloads import (
@@ -156,7 +157,7 @@ class Ingest:
                 await asyncio.sleep(wait)
                 continue
             failures = 0
-            self.last_poll_ok = time.time()
+            self.last_poll_ok = CLOCK.now()  # steady (F9): a forward step is not a stale poll
             if not updates and caught_up and time.monotonic() - asked < EMPTY_POLL_FLOOR:
                 # A server that answers a long poll at once (an emulator, a proxy) must not make
                 # us ask thousands of times a second.

@@ -39,6 +39,7 @@ from aiogram.types import Update
 from aiohttp import web
 
 from .. import backoff, log
+from ..clock import CLOCK
 from ..metrics import METRICS
 from ..storage.state import StateCorrupt
 from .ingest import ALLOWED_UPDATES
@@ -63,7 +64,7 @@ class WebhookStatus:
     """The last getWebhookInfo answer, as /healthz reports it."""
 
     def __init__(self) -> None:
-        self.checked_at: float | None = None  # time.time() of the last answer
+        self.checked_at: float | None = None  # steady time (bridge/clock.py) of the last answer
         self.url: str | None = None
         self.pending_update_count: int | None = None
         self.last_error_message: str | None = None
@@ -97,7 +98,7 @@ class Webhook:
         self.commit_wait = commit_wait
         self.retry = retry  # a busy port or a refused setWebhook: tried again, slowly
         self.status = WebhookStatus()
-        self.delivered_at: float | None = None  # time.time() of the last delivery taken (/metrics)
+        self.delivered_at: float | None = None  # steady time of the last delivery taken (/metrics)
         self._order = asyncio.Lock()  # commits one at a time, in arrival order
         self._inflight: dict[int, tuple[asyncio.Task[None], float]] = {}  # update id → (commit, started)
         self._fatal: asyncio.Future[BaseException] | None = None
@@ -196,7 +197,7 @@ class Webhook:
             logger.warning("telegram_webhook_info_failed", error=self.status.check_error)
             return
         status = self.status
-        status.checked_at = time.time()
+        status.checked_at = CLOCK.now()
         status.check_error = None
         status.url = info.url
         status.pending_update_count = info.pending_update_count
@@ -258,7 +259,7 @@ class Webhook:
             return web.Response(status=503, text="not stored yet")
         except StateCorrupt:
             return web.Response(status=503, text="state unavailable")  # the bridge is stopping
-        self.delivered_at = time.time()
+        self.delivered_at = CLOCK.now()
         return web.Response(status=200)
 
     def _commit(self, update: Update) -> asyncio.Task[None]:

@@ -71,7 +71,8 @@ class Rebuilder:
             return "skipped"
         notes = await self.notebook.notes(address)
         version = chat.notes_version
-        if not needs_rebuild(notes, self.notebook.limits) or chat.notes_rebuild_failed == version:
+        # Given up on this version (a failed rebuild), or held by a restore of it (its negative).
+        if not needs_rebuild(notes, self.notebook.limits) or chat.notes_rebuild_failed in (version, -version):
             return "not_needed"
         limits = self.notebook.limits
         context = await self._context(address)

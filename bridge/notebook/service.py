@@ -46,6 +46,7 @@ class NotebookConfig:
     connection: str = "notebook"  # the eve connection's name: tools reach the model as <connection>__<tool>
     texts: PressureTexts = field(default_factory=PressureTexts)
     limits: Limits = LIMITS
+    inturn_percent: float | None = None  # IVA_INTURN_PERCENT (N6′)
 
     @property
     def tool_prefix(self) -> str:
@@ -291,6 +292,10 @@ class Notebook:
             records, _, _ = archived
             await self._archive(address, await self.notes(address), "restore")
             await self._replace(address, records)
+            # N7: the owner chose this notebook: no rebuild undoes it until it changes again (held
+            # as the negative of the version, apart from a failed rebuild's positive mark).
+            await self.db.execute("UPDATE chats SET notes_rebuild_failed = -notes_version WHERE address = ?",
+                                  (address,))
         logger.info("notes_restored", address=address, notes=len(records))
         return len(records)
 
@@ -321,7 +326,7 @@ class Notebook:
             Window(measurement=None if chat.reset_mark or not chat.eve_session else chat.measurement,
                    threshold=threshold, window=window, parking=not chat.compaction_disabled,
                    compactions=chat.compactions, nudged_upto=chat.notes_nudged_upto,
-                   wrapped_upto=chat.wrap_nudged_upto),
+                   wrapped_upto=chat.wrap_nudged_upto, inturn_percent=self.config.inturn_percent),
             self.config.texts, self.limits,
         )
         notes = await self.notes(chat.address)

@@ -67,6 +67,10 @@ _TEXTS: dict[str, dict[Lang, str]] = {
         "en": "Already compacting — I'll say when it's done.",
         "ru": "Уже сжимаю — скажу, когда закончу.",
     },
+    "compact_already_auto": {
+        "en": "I'm compacting the conversation already, on my own; your next message is answered right after.",
+        "ru": "Я уже сама сжимаю разговор; на следующее сообщение отвечу сразу после этого.",
+    },
     "compact_accepted": {
         "en": "Compacting the conversation ({before} tokens). If I restart meanwhile, send /compact again.",
         "ru": "Сжимаю разговор ({before} токенов). Если я перезапущусь, повторите /compact.",

@@ -4,7 +4,6 @@ whatever else registers its routes: the notebook's MCP server (``/mcp``), the ow
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -12,6 +11,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import disk, log
+from ..clock import CLOCK
 from ..metrics import METRICS
 
 if TYPE_CHECKING:
@@ -43,7 +43,8 @@ class Listener:
         self.queue = queue
         self.ingest = ingest
         self.webhook = webhook
-        self.started = time.time()
+        self.started = CLOCK.now()
+        self.dead = 0  # messages given up on, as of the last refresh
         self.extra_routes = routes
         self._runner: web.AppRunner | None = None
 
@@ -68,7 +69,7 @@ class Listener:
     async def _refresh(self) -> tuple[int, int, int, int, float | None]:
         # First: set even when the database does not answer. Each mode its own gauges (an
         # alert on the poll's age fired forever in webhook mode, where nothing polls).
-        now = time.time()
+        now = CLOCK.now()  # steady (F9)
         if self.webhook is None:
             last = self.ingest.last_poll_ok
             METRICS.mode.labels(mode="polling").set(1)
@@ -85,10 +86,13 @@ class Listener:
         async with self.store.db.committed():
             queued = await self.queue.depth()
             by_kind = await self.store.busy_by_kind()
-            now = time.time()
+            now = CLOCK.now()  # steady (F9): the chats' progress stamps are too
             overdue, oldest = await self.store.health(overdue_before=now - self.busy_timeout * OVERDUE_FACTOR)
+            self.dead = await self.store.dead_count()  # a warning, not a failure: `iva status --dead` lists them
         busy = sum(by_kind.values())
-        reply_age = None if oldest is None else round(now - oldest, 1)
+        # The outbox stamps wall time: the earlier of the two clocks ages it, so no step makes
+        # a pending reply look stale.
+        reply_age = None if oldest is None else round(max(0.0, CLOCK.bounded() - oldest), 1)
         METRICS.queue_depth.set(queued)
         METRICS.busy.set(busy)
         METRICS.busy_compacting.set(by_kind.get("compact", 0))
@@ -105,12 +109,12 @@ class Listener:
             queued = busy = compacting = -1
             database = f"error: {exc}"
         last = self.ingest.last_poll_ok
-        poll_age = None if last is None else round(time.time() - last, 1)
+        poll_age = None if last is None else round(CLOCK.now() - last, 1)
         webhook: dict[str, object] | None = None
         if self.webhook is None:
             receiving = poll_age is not None and poll_age < POLL_STALE_AFTER
         else:  # webhook mode (O1): Telegram's own view, from the last periodic getWebhookInfo
-            receiving, webhook = self.webhook.status.report(self.webhook.url, time.time())
+            receiving, webhook = self.webhook.status.report(self.webhook.url, CLOCK.now())
         replies_flowing = reply_age is None or reply_age < self.reply_stale_after
         # F2: a commit failing (the disk full, a lock held) or a disk with no room: nothing can
         # be made durable, so nothing is taken — the bridge waits on storage, alive.
@@ -120,7 +124,8 @@ class Listener:
                 "storage": "ok" if storage is None else f"failing: {storage}",
                 "telegram_poll_age_s": poll_age, "webhook": webhook, "queued": queued,
                 "busy_chats": busy, "compacting_chats": compacting, "overdue_chats": overdue,
-                "oldest_pending_reply_s": reply_age, "uptime_s": round(time.time() - self.started)}
+                "oldest_pending_reply_s": reply_age, "dead_messages": self.dead,
+                "uptime_s": round(CLOCK.now() - self.started)}
         return web.json_response(body, status=200 if ok else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:

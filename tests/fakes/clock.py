@@ -5,10 +5,9 @@ a 429 puts on a chat, so a test can tell a chat to wait 25 s without waiting the
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TypeVar
 
-from bridge.chat.services import Clock
+from bridge.chat.services import PeriodClock
 
 T = TypeVar("T")
 
@@ -37,8 +36,8 @@ class FakeClock:
             self._changed.notify_all()
 
 
-class HandClock(Clock):
-    """The busy periods' clock (:class:`bridge.chat.services.Clock`), moved by hand: a consumer's
+class HandClock(PeriodClock):
+    """The busy periods' clock (:class:`bridge.chat.services.PeriodClock`), moved by hand: a consumer's
     deadline (the busy timeout, the ack window, a grace) passes when the test advances it past
     it, never in real seconds. ``waiting`` counts the consumers waiting on it now."""
 
@@ -50,9 +49,6 @@ class HandClock(Clock):
 
     def now(self) -> float:
         return self.t
-
-    def wall(self) -> float:
-        return time.time() + (self.t - self.start)
 
     async def _until(self, at: float) -> None:
         async with self._changed:

@@ -146,7 +146,7 @@ class Period:
             # The time since the last persisted progress counts (a restart does not reset it), but
             # a resumed consumer always gets a moment to read what eve wrote meanwhile.
             grace = min(timeout, RESUME_GRACE)
-            self.progress -= max(0.0, min(timeout - grace, self.clock.wall() - chat.progress_at))
+            self.progress -= s.transitions.spent(chat.progress_at, limit=timeout - grace)  # F9: no step counts
 
     def owned(self) -> str:
         if self.claim is None:

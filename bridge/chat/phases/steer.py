@@ -65,7 +65,7 @@ async def steer(p: Period, chat: Chat) -> Steered | Ended | None:
         return None
     if isinstance(claimed, Settling):
         # An album still arriving: a look once it settled (a new part pokes sooner).
-        p.poke(after=claimed.at - p.clock.wall())
+        p.poke(after=claimed.at - s.transitions.mono())  # F9: monotonic
         return None
     rows = list(claimed.messages)
     answers = [m for m in rows if isinstance(decode(m.payload), InputAnswer)]
