@@ -48,7 +48,7 @@ async def diskqueue_rate(path: Path, n: int) -> float:
 
 
 async def bridge_rate(path: Path, n: int) -> float:
-    from bridge.store import Store
+    from bridge.storage.store import Store
     from diskqueue import Database, DiskQueue
 
     db = await Database(path).open()

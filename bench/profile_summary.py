@@ -17,7 +17,7 @@ COSTS = {
     "httpx: stream open": "_StreamContext.__aenter__",
     "eve stream parsing": "EveClient._parse",
     "typing indicator loop": "Typing._loop",
-    "rendering (telegramify)": "bridge/render.py",
+    "rendering (telegramify)": "bridge/telegram/render.py",
     "logging (structlog)": "structlog/",
     "start-up: pydantic schema building": "_schema_gather",
 }

@@ -6,7 +6,7 @@ eve answering ``--reply-chars`` characters. Then, with the daemon stopped, the f
 (main file + WAL after ``wal_checkpoint(TRUNCATE)``; the pages in use; per table via ``dbstat``)
 and:
 
-1. retention runs as it would ``IVA_RETENTION_DAYS`` + 1 days later (``bridge.retention.prune``,
+1. retention runs as it would ``IVA_RETENTION_DAYS`` + 1 days later (``bridge.storage.retention.prune``,
    500 rows per transaction), timed, and the file is measured again;
 2. the daemon writes the same number of messages again on the pruned file (steady state: the
    freed pages are reused); for comparison, a fresh stack writes both batches with no retention
@@ -90,8 +90,8 @@ async def run_daemon(tg: FakeTelegram, eve: FakeEve, state: Path, users: list[in
 
 
 async def prune(path: Path, days: int) -> dict[str, Any]:
-    from bridge import retention
-    from bridge.store import Store
+    from bridge.storage import retention
+    from bridge.storage.store import Store
     from diskqueue import Database, DiskQueue
 
     db = await Database(path).open()

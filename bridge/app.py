@@ -24,31 +24,36 @@ from aiogram.types import BotCommand, User
 
 import eve_client as eve
 
-from . import backoff, log, retention, systemd
+from . import backoff, log, systemd
 from .chat.services import ContextWindow, Services
 from .chat.worker import Scheduler
-from .commands import Commands
 from .config import Settings, listener_problem
-from .ingest import Ingest
+from .intake.commands import Commands
+from .intake.ingest import Ingest
+from .intake.webhook import Webhook
 from .metrics import METRICS
 from .notebook import Notebook, NotebookConfig, PressureTexts, Rebuilder
-from .pacing import Budget, Pacer
 from .people import PAIRING_SECONDS, link
 from .push.reminders import Reminders
 from .push.turns import Pushes
-from .sender import Sender, undecodable
-from .state import StateCorrupt, StateUnavailable, open_state
-from .store import owners_of
-from .texts import t
+from .storage import retention
+from .storage.state import StateCorrupt, StateUnavailable, open_state
+from .storage.store import OtherBot, SchemaTooNew, owners_of
+from .telegram.pacing import Budget, Pacer
+from .telegram.sender import Sender, undecodable
+from .telegram.texts import t
 from .web.listener import Listener
 from .web.mcp import McpServer
 from .web.owner_api import OwnerApi
 from .web.push_api import PushApi
-from .webhook import Webhook
 
-__all__ = ["Bridge", "make_bot", "run"]
+__all__ = ["EXIT_OTHER_BOT", "EXIT_SCHEMA_NEWER", "Bridge", "make_bot", "run"]
 
 logger = log.get("bridge.app")
+
+# Exit codes a restart cannot change: systemd's units list them in RestartPreventExitStatus=.
+EXIT_SCHEMA_NEWER = 6  # the state was written by a newer Iva
+EXIT_OTHER_BOT = 7  # the state is another bot's
 
 WEDGED_AFTER = 120.0  # seconds without a round of the polling loop (long poll 25 s + backoff 30 s)
 
@@ -56,7 +61,7 @@ WEDGED_AFTER = 120.0  # seconds without a round of the polling loop (long poll 2
 def make_bot(settings: Settings, *, clock: Callable[[], float] | None = None,
              sleep: Callable[[float], Awaitable[Any]] | None = None) -> Bot:
     """aiogram's Bot against ``IVA_TELEGRAM_API_URL`` (``{base}/bot{token}/{method}``), with the
-    one pacer in front of every call that posts or edits a message (bridge/pacing.py; ``clock``
+    one pacer in front of every call that posts or edits a message (bridge/telegram/pacing.py; ``clock``
     and ``sleep`` time its 429 holds, a test's own clock)."""
     session = AiohttpSession(api=TelegramAPIServer.from_base(settings.telegram_api_url))
     session.middleware(Pacer(Budget.of(settings), clock=clock or time.monotonic, sleep=sleep or asyncio.sleep))
@@ -171,6 +176,7 @@ class Bridge:
             if me is None:
                 logger.info("bridge_stopped_before_ready")
                 return
+            await store.claim_bot(me.id)  # another bot's state: its message ids would be taken for ours
             sender = Sender(bot, store)
             notebook = Notebook(db, store, notebook_config(s))
             rebuilder = Rebuilder(notebook, store, client)
@@ -302,4 +308,10 @@ async def run(settings: Settings) -> int:
     except StateCorrupt:
         # Logged where it was found; the restart's check moves the file aside (R5).
         return 5
+    except SchemaTooNew as exc:
+        logger.error("state_schema_newer", path=str(settings.db_path), problem=str(exc))
+        return EXIT_SCHEMA_NEWER
+    except OtherBot as exc:
+        logger.error("state_of_another_bot", path=str(settings.db_path), problem=str(exc))
+        return EXIT_OTHER_BOT
     return 0

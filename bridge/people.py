@@ -33,7 +33,7 @@ from pathlib import Path
 
 from . import log
 from .config import Settings
-from .store import Store, mint_pairing_code, people_meta
+from .storage.store import Store, mint_pairing_code, people_meta
 
 __all__ = ["CODE_BYTES", "MISSES_ALLOWED", "PAIRING_SECONDS", "People", "Person", "Redeemed", "Role", "digest",
            "link", "mint_outside", "pairing_note"]

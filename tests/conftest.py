@@ -14,6 +14,7 @@ import pytest
 
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import TOKEN, UNPACED, FakeTelegram, FloodLimits
+from tests.fakes.waiting import settle, unsettled
 from tests.zygote import spawn_bridge
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,47 +122,20 @@ class Daemon:
 
     def unsettled(self, *, eve: bool = True) -> list[str]:
         """What the daemon still has to do, as far as the outside can see; [] when nothing."""
-        why = []
-        if not self.tg.all_confirmed():
-            why.append("an update not yet confirmed")
-        if self.tg.in_flight():
-            why.append("a Telegram call being answered")
-        conn = sqlite3.connect(f"file:{self.state / 'iva.sqlite3'}?mode=ro", uri=True)
-        try:
-            for what, sql in (
-                ("a chat busy or waiting for /new", "SELECT count(*) FROM chats WHERE status != 'idle' OR reset_requested"),
-                ("a reply in the outbox", "SELECT count(*) FROM outbox WHERE state = 'pending'"),
-                ("a message in the queue", "SELECT count(*) FROM diskqueue_messages WHERE state IN (0, 1)"),
-            ):
-                if conn.execute(sql).fetchone()[0]:
-                    why.append(what)
-        finally:
-            conn.close()
-        fake = FAKE_EVES.get(self.env["IVA_EVE_URL"]) if eve else None
-        if fake is not None and not fake.quiet():
-            why.append("the fake eve busy")
-        return why
+        return unsettled(self.state / "iva.sqlite3", self.tg, FAKE_EVES.get(self.env["IVA_EVE_URL"]) if eve else None)
 
     async def settled(self, timeout: float = 30, *, eve: bool = True) -> None:
-        """Wait until the daemon has nothing left to do: every update confirmed, every chat idle,
-        no reply pending in the outbox, the queue empty, no Telegram call being answered and (with
-        ``eve``) nothing in flight at the fake eve; then once more after its polling loop went round
-        (a nudge), so a task it spawned on the way has started. Proves "nothing more happens"
-        without sleeping. ``eve=False`` for a test that leaves eve busy on purpose (an abandoned
-        compaction still running there)."""
-        why: list[str] = []
-        try:
-            async with asyncio.timeout(timeout):
-                while True:
-                    while why := self.unsettled(eve=eve):
-                        if self._died():
-                            raise AssertionError(f"the daemon exited:\n{self.log.read_text()[-3000:]}")
-                        await asyncio.sleep(0.02)  # polling the condition, not a fixed wait
-                    await self.tg.nudge(timeout)
-                    if not (why := self.unsettled(eve=eve)):
-                        return
-        except TimeoutError:
-            raise AssertionError(f"the daemon did not settle in {timeout} s: {', '.join(why)}") from None
+        """Wait until the daemon has nothing left to do (tests/fakes/waiting.py: every update
+        confirmed, no chat busy, waiting for /new or watching a released compaction, no reply
+        pending in the outbox, the queue empty, no Telegram call being answered and, with
+        ``eve``, nothing in flight at the fake eve); then once more after its polling loop went
+        round (a nudge), so a task it spawned on the way has started. Proves "nothing more
+        happens" without sleeping. ``eve=False`` for a test that leaves eve busy on purpose (an
+        abandoned compaction still running there)."""
+        def died() -> str | None:
+            return f"the daemon exited:\n{self.log.read_text()[-3000:]}" if self._died() else None
+
+        await settle(lambda: self.unsettled(eve=eve), self.tg, timeout, died=died)
 
     def chat(self, address: str) -> dict[str, Any] | None:
         with self.db() as conn:
@@ -238,6 +212,18 @@ async def bridge(daemon_factory, fake_eve: FakeEve) -> Daemon:
     daemon = daemon_factory(fake_eve.url, fake_eve.token)
     await daemon.start()
     return daemon
+
+
+@pytest.fixture
+async def nb_daemon(daemon_factory, fake_eve: FakeEve) -> Daemon:
+    """A daemon with the owner API (token ``tests.daemons.API_TOKEN``) and the notebook's MCP
+    server, the fake eve calling it."""
+    from tests.daemons import API_TOKEN
+
+    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_API_TOKEN=API_TOKEN, IVA_CONTEXT_WINDOW="200000")
+    fake_eve.mcp_url = d.api_url + "/mcp"
+    await d.start()
+    return d
 
 
 # -- the real eve (../shared/eve-peer) --------------------------------------------------------

@@ -29,17 +29,18 @@ import eve_client as eve
 from bridge.app import make_bot, notebook_config
 from bridge.chat.services import Services
 from bridge.chat.worker import Scheduler
-from bridge.commands import Commands
 from bridge.config import Settings
-from bridge.ingest import Ingest
+from bridge.intake.commands import Commands
+from bridge.intake.ingest import Ingest
 from bridge.notebook import Notebook, Rebuilder
 from bridge.push.reminders import Reminders
 from bridge.push.turns import Pushes
-from bridge.sender import Sender
-from bridge.store import Chat, Store
-from diskqueue import Database, DiskQueue, State
+from bridge.storage.store import Chat, Store
+from bridge.telegram.sender import Sender
+from diskqueue import Database, DiskQueue
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import TOKEN, UNPACED, FakeTelegram
+from tests.fakes.waiting import settle, unsettled, until
 
 T = TypeVar("T")
 
@@ -246,51 +247,24 @@ class Harness:
         rows = self.observe("SELECT * FROM chats WHERE address = ?", (address,))
         return Chat.from_row(rows[0]) if rows else None
 
-    async def _unsettled(self, eve_quiet: bool) -> list[str]:
-        why = []
-        if not self.tg.all_confirmed():
-            why.append("updates not confirmed")
-        if self.tg.in_flight("sendMessage"):
-            why.append("a sendMessage in flight")
-        checks = {
-            "a chat busy": "SELECT count(*) FROM chats WHERE status = 'busy'",
-            "a /new waiting": "SELECT count(*) FROM chats WHERE reset_requested = 1",
-            "a released compaction watched": "SELECT count(*) FROM chats WHERE compact_phase IS NOT NULL",
-            "messages queued or in flight": f"SELECT count(*) FROM diskqueue_messages WHERE state IN "
-                                            f"({int(State.QUEUED)}, {int(State.INFLIGHT)})",
-            "replies pending": "SELECT count(*) FROM outbox WHERE state = 'pending'",
-        }
-        for reason, sql in checks.items():
-            if self.observe(sql)[0][0]:
-                why.append(reason)
+    def _unsettled(self, eve_quiet: bool) -> list[str]:
+        why = unsettled(self.settings.db_path, self.tg, self.fake_eve if eve_quiet else None)
         assert self.scheduler is not None
         if not self.scheduler.settled():
             why.append("a worker running")
-        if eve_quiet and not self.fake_eve.quiet():
-            why.append("eve busy")
         return why
 
+    def quiet(self) -> bool:
+        """Nothing left to do right now (the settled condition once, no nudge)."""
+        try:
+            return not self._unsettled(True)
+        except Exception:  # the store's files mid-replacement, a kill
+            return False
+
     async def settled(self, timeout: float = 20.0, *, eve_quiet: bool = True) -> None:
-        """Wait until nothing is left to do, twice in a row around a polling round."""
-        deadline = time.monotonic() + timeout
-        why: list[str] = []
-        while time.monotonic() < deadline:
-            why = await self._unsettled(eve_quiet)
-            if not why:
-                await self.tg.nudge(max(0.1, deadline - time.monotonic()))
-                why = await self._unsettled(eve_quiet)
-                if not why:
-                    return
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"not settled in {timeout} s: {', '.join(why)}")
+        """Wait until nothing is left to do (tests/fakes/waiting.py: the daemon's condition, and
+        no worker running), twice in a row around a polling round."""
+        await settle(lambda: self._unsettled(eve_quiet), self.tg, timeout)
 
     async def until(self, predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if asyncio.iscoroutine(value):
-                value = await value
-            if value:
-                return value
-            await asyncio.sleep(0.01)
-        raise AssertionError(f"timed out waiting for {what}")
+        return await until(predicate, timeout, what, every=0.01)

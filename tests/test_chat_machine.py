@@ -14,7 +14,6 @@ import asyncio
 import itertools
 import json
 import sqlite3
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,11 +22,17 @@ import pytest
 
 from bridge.chat.transitions import ChatState, state_of
 from bridge.metrics import METRICS
-from bridge.state import StateCorrupt
-from bridge.store import CompactPhase
+from bridge.storage.state import StateCorrupt
+from bridge.storage.store import CompactPhase
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness
+from tests.scenarios import (
+    behind_a_late_compaction,
+    eve_compacting,
+    kill_during,
+    phase_is,
+)
 
 A = str(OWNER)
 _NOCHAT = SimpleNamespace(eve_session=None)
@@ -73,7 +78,7 @@ async def test_late_acceptance_releases_then_recaptures_in_process(tmp_path: Pat
     await h.start()
     try:
         await tg.message("big [[tokens=120000]]", user_id=OWNER)
-        await h.until(lambda: _phase(h, CompactPhase.RELEASED), what="released")
+        await h.until(lambda: phase_is(h, CompactPhase.RELEASED), what="released")
         assert state_of(await h.chat()) is ChatState.RELEASED
         await h.until(lambda: _state(h, ChatState.COMPACTING), what="recaptured")
         await h.settled()
@@ -96,7 +101,7 @@ async def test_a_compaction_eve_accepts_after_a_turn_in_the_released_window_stil
     await h.start()
     try:
         await tg.message("big [[tokens=120000]]", user_id=OWNER)
-        await h.until(lambda: _phase(h, CompactPhase.RELEASED), what="released")
+        await h.until(lambda: phase_is(h, CompactPhase.RELEASED), what="released")
         await tg.message("second", user_id=OWNER)
         await h.until(lambda: "echo: second" in tg.texts(), what="the turn in the released window")
         await h.until(lambda: _state(h, ChatState.COMPACTING), what="recaptured after the turn")
@@ -109,24 +114,6 @@ async def test_a_compaction_eve_accepts_after_a_turn_in_the_released_window_stil
         assert routes(fake_eve) == ["send", "compact", "send", "send"]
     finally:
         await h.stop()
-
-
-async def behind_a_late_compaction(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve, *,
-                                   summary_delay: float) -> Harness:
-    """A started bridge whose parking compaction was released (eve acknowledged it late, C6) and
-    runs at eve for ``summary_delay`` seconds: what is sent now waits behind it."""
-    fake_eve.compact_ack_delay = 0.8
-    fake_eve.summary_delay = summary_delay
-    h = Harness(tmp_path / "state", tg, fake_eve, IVA_COMPACT_ACK_SECONDS="0.3")
-    await h.start()
-    await tg.message("big [[tokens=120000]]", user_id=OWNER)
-    await h.until(lambda: _phase(h, CompactPhase.RELEASED), what="released")
-    return h
-
-
-def eve_compacting(fake_eve: FakeEve) -> bool:
-    """eve has begun a compaction (compaction.requested is in a session's stream)."""
-    return any(e["type"] == "compaction.requested" for s in fake_eve.sessions.values() for e in s.events)
 
 
 async def test_a_compaction_eve_announces_before_a_waiting_turn_tells_the_person(tmp_path: Path, tg: FakeTelegram,
@@ -144,6 +131,27 @@ async def test_a_compaction_eve_announces_before_a_waiting_turn_tells_the_person
         assert tg.texts() == ["echo: big", "Compacting the conversation, I'll answer soon.", "echo: second"]
         chat = await h.chat()
         assert state_of(chat) is ChatState.IDLE and chat.compact_phase is None
+    finally:
+        await h.stop()
+
+
+async def test_a_message_just_after_a_late_announcement_gets_the_notice_and_is_held(tmp_path: Path, tg: FakeTelegram,
+                                                                                   fake_eve: FakeEve):
+    """C6/C3, seed 004: eve announced the released compaction (compaction.requested is written)
+    but the bridge's stream has not brought it yet when a message arrives. The notice and the
+    hold are one decision: the message is held until the compaction ends, never sent into it
+    (before: the poke ended the watch, the message went to eve as a turn while eve compacted,
+    and that turn's consumer gave the notice)."""
+    h = await behind_a_late_compaction(tmp_path, tg, fake_eve, summary_delay=1.0)
+    try:
+        fake_eve.stream_lag = 0.5
+        await h.until(lambda: eve_compacting(fake_eve), what="eve announcing the compaction")
+        await tg.message("second", user_id=OWNER)
+        await h.settled()
+        assert tg.texts() == ["echo: big", "Compacting the conversation, I'll answer soon.", "echo: second"]
+        assert fake_eve.sends_while_compacting == 0
+        chat = await h.chat()
+        assert state_of(chat) is ChatState.IDLE and chat.compact_phase is None and chat.compactions == 1
     finally:
         await h.stop()
 
@@ -187,11 +195,6 @@ def _state(h: Harness, state: ChatState) -> bool:
     return chat is not None and state_of(chat) is state
 
 
-def _phase(h: Harness, phase: CompactPhase) -> bool:
-    chat = h.maybe_chat()
-    return chat is not None and chat.compact_phase is phase
-
-
 SWEEP_USERS = range(100, 400)
 
 
@@ -210,7 +213,7 @@ async def _sweep(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve, text: str,
                 await h.settled()
             sent_before = len(tg.texts(user))
             image = tmp_path / f"k{k}-image"
-            if not await _kill_during(h, image, k, lambda user=user: tg.message(text, user_id=user)):
+            if not await kill_during(h, image, k, lambda user=user: tg.message(text, user_id=user)):
                 await h.settled()
                 assert tg.texts(user)[sent_before:] == [reply]
                 return k
@@ -228,17 +231,6 @@ async def _sweep(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve, text: str,
         await h.stop()
 
 
-async def _kill_during(h: Harness, image: Path, k: int, act: Callable[[], Awaitable[object]]) -> bool:
-    """Arm a kill before the bridge's k-th statement from now, act, and wait until it struck or
-    everything settled. True when it struck."""
-    assert h.db is not None
-    db = h.db
-    db.kill_at, db.image = db.statements + k, image
-    await act()
-    await h.until(lambda: db.killed.is_set() or _quiet(h), timeout=20, what="killed or done")
-    return db.killed.is_set()
-
-
 def _pending_in_image(image: Path, name: str) -> bool:
     import sqlite3
 
@@ -247,13 +239,6 @@ def _pending_in_image(image: Path, name: str) -> bool:
         return bool(conn.execute("SELECT count(*) FROM outbox WHERE state = 'pending'").fetchone()[0])
     finally:
         conn.close()
-
-
-async def _quiet(h: Harness) -> bool:
-    try:
-        return not await h._unsettled(True)
-    except Exception:
-        return False
 
 
 async def test_a_kill_at_every_statement_of_a_turn(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
@@ -283,7 +268,7 @@ async def test_a_kill_at_every_statement_after_an_ambiguous_send(tmp_path: Path,
             text = f"ambiguous {user}"
             fake_eve.ambiguous_sends = 1
             image = tmp_path / f"k{k}-image"
-            killed = await _kill_during(h, image, k, lambda text=text, user=user: tg.message(text, user_id=user))
+            killed = await kill_during(h, image, k, lambda text=text, user=user: tg.message(text, user_id=user))
             if killed:
                 await h.restart_from(image)
             await h.settled(30)
@@ -317,7 +302,7 @@ async def test_a_kill_at_every_statement_of_a_manual_compaction(tmp_path: Path, 
             await h.settled()
             sent_before = len(tg.texts(user))
             image = tmp_path / f"k{k}-image"
-            if not await _kill_during(h, image, k, lambda user=user: tg.message("/compact", user_id=user)):
+            if not await kill_during(h, image, k, lambda user=user: tg.message("/compact", user_id=user)):
                 await h.settled()
                 assert tg.texts(user)[sent_before:][-1].startswith("Done"), tg.texts(user)
                 break
@@ -373,7 +358,7 @@ async def test_a_second_compact_while_a_released_one_may_start_is_refused(tmp_pa
         await tg.message("long talk [[tokens=50000]]", user_id=OWNER)
         await h.settled()
         await tg.message("/compact", user_id=OWNER)
-        await h.until(lambda: _phase(h, CompactPhase.RELEASED), what="released")
+        await h.until(lambda: phase_is(h, CompactPhase.RELEASED), what="released")
         await tg.message("/compact", user_id=OWNER)
         await h.settled(eve_quiet=False)
         assert routes(fake_eve).count("compact") == 1
@@ -419,7 +404,7 @@ async def test_a_kill_at_every_statement_of_a_steer(tmp_path: Path, tg: FakeTele
                 if s.id == (h.maybe_chat(str(user)) or _NOCHAT).eve_session), what="eve running the turn")
             image = tmp_path / f"k{k}-image"
             text = f"actually, this {user}"
-            killed = await _kill_during(h, image, k, lambda user=user, text=text: tg.message(text, user_id=user))
+            killed = await kill_during(h, image, k, lambda user=user, text=text: tg.message(text, user_id=user))
             sent_at_kill = tg.texts(user).count(f"echo: {text}")
             window = killed and sent_at_kill >= 1 and _pending_in_image(image, h.settings.db_path.name)
             if killed:
@@ -448,7 +433,7 @@ async def test_a_conflict_on_getupdates_does_not_stop_the_bridge(harness: Harnes
 
 async def test_a_bot_api_that_answers_long_polls_at_once_is_not_hammered(harness: Harness, tg: FakeTelegram):
     """An emulator that ignores getUpdates' timeout: empty polls keep a floor between them."""
-    from bridge.ingest import EMPTY_POLL_FLOOR
+    from bridge.intake.ingest import EMPTY_POLL_FLOOR
 
     tg.instant_polls = True
     first = len(tg.calls_of("getUpdates"))
@@ -666,5 +651,30 @@ async def test_a_reader_ending_in_an_unknown_error_is_retried_not_waited_out(
         assert transport.broken == 1
         assert tg.texts() == ["echo: hello"]
         assert len(fake_eve.sessions) == 1
+    finally:
+        await h.stop()
+
+
+@pytest.mark.parametrize("first,second", [(OWNER, 2), (2, OWNER)], ids=["member-into-owner", "owner-into-member"])
+async def test_a_message_of_the_other_kind_never_joins_a_running_turn(tmp_path: Path, tg: FakeTelegram,
+                                                                      fake_eve: FakeEve, first: int, second: int):
+    """N1, seed 000 (the notebook never rides someone else's turn): under the immediate policy a
+    member's message does not steer into a running owner turn — whose every model call carries
+    the owner's notebook — nor an owner's into a member's: it waits for a turn of its own."""
+    group = -1001
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_TURN_POLICY="immediate", IVA_NOTES_ENABLED="1")
+    await h.start()
+    try:
+        await tg.message("slow start [[delay=2]]", user_id=first, chat_id=group, chat_type="supergroup",
+                         reply_to_bot=True)
+        await h.until(lambda: any(s.running for s in fake_eve.sessions.values()), what="the first turn running")
+        await tg.message("and this too", user_id=second, chat_id=group, chat_type="supergroup", reply_to_bot=True)
+        await h.settled(30)
+        texts = tg.texts(group)
+        assert len(texts) == 2 and "slow start" in texts[0] and "and this too" in texts[1], texts
+        session = next(iter(fake_eve.sessions.values()))
+        assert session.turns_run == 2
+        contexts = [b.get("clientContext") for b in session.sends]
+        assert [bool(c) and c.startswith("[state]") for c in contexts] == [first == OWNER, second == OWNER]
     finally:
         await h.stop()

@@ -21,7 +21,7 @@ import pytest
 from bridge.app import run
 from bridge.cli import main
 from bridge.config import Settings
-from bridge.state import open_state
+from bridge.storage.state import open_state
 from bridge.web.listener import Listener
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import TOKEN, UNPACED, FakeTelegram

@@ -37,9 +37,10 @@ import pytest
 
 from tests.conftest import OWNER, ROOT, Daemon, free_port, secret_leaks
 from tests.fakes.telegram import TOKEN
+from tests.fakes.waiting import until
 
 EMULATOR = ROOT / "tests" / "emulator"
-EMPTY_POLL_FLOOR = 0.5  # bridge/ingest.py: seconds between two empty polls, at least
+EMPTY_POLL_FLOOR = 0.5  # bridge/intake/ingest.py: seconds between two empty polls, at least
 STARTUP_BASE = 0.5  # bridge/backoff.py STARTUP: the shortest wait between two getMe tries
 
 
@@ -101,12 +102,7 @@ class Emulator:
         return 0  # not visible from outside; the nudge waits out a call being answered
 
     async def wait_for(self, predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if value := predicate():
-                return value
-            await asyncio.sleep(0.05)  # polling the condition, not a fixed wait
-        raise AssertionError(f"timed out waiting for {what}; calls={self.calls()}")
+        return await until(predicate, timeout, what, every=0.05, detail=lambda: f"calls={self.calls()}")
 
     async def nudge(self, timeout: float = 15.0) -> None:
         """Two more getUpdates: the polling loop went round after this point, so every update

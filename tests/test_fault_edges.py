@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 
 from bridge.chat.transitions import ChatState, state_of
-from bridge.texts import t
+from bridge.telegram.texts import t
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness
-from tests.test_chat_machine import behind_a_late_compaction, eve_compacting
+from tests.scenarios import behind_a_late_compaction, eve_compacting
 
 
 def _eve_running(h: Harness, fake_eve: FakeEve, text: str) -> bool:

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import eve_client as eve
-from bridge.addressing import classify
-from bridge.describe import QUOTE_LIMIT, describe, quoted
+from bridge.intake.addressing import classify
+from bridge.intake.describe import QUOTE_LIMIT, describe, quoted
 from tests.conftest import OWNER
 
 ME = User(id=123456, is_bot=True, first_name="Iva", username="iva_test_bot")

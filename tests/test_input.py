@@ -12,52 +12,14 @@ from typing import Any
 
 import pytest
 
-from bridge.payloads import QueuedMessage, Reply, decode
+from bridge.storage.payloads import QueuedMessage, Reply, decode
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import BOT_ID, BOT_USERNAME, FakeTelegram
 from tests.harness import OWNER, Harness
+from tests.scenarios import GROUP, answered, replied, said, write
 
-GROUP = -100500
-MENTION = [{"type": "mention", "offset": 0, "length": len(BOT_USERNAME) + 1}]
 BOB = {"id": 7, "is_bot": False, "first_name": "Bob", "last_name": "Stone"}
 IVA = {"id": BOT_ID, "is_bot": True, "first_name": "Iva", "username": BOT_USERNAME}
-
-
-def said(fake_eve: FakeEve) -> list[str]:
-    """The text of every message eve took, in order (file parts left out)."""
-    out = []
-    for session in fake_eve.sessions.values():
-        for body in session.sends:
-            message = body.get("message")
-            out.append(message if isinstance(message, str)
-                       else "\n".join(p["text"] for p in message or [] if p.get("type") == "text"))
-    return out
-
-
-def replied(author: dict[str, Any], chat_id: int, **fields: Any) -> dict[str, Any]:
-    """A ``reply_to_message`` written by ``author`` in the chat ``chat_id``."""
-    chat = {"id": chat_id, "type": "private", "first_name": "Ann"} if chat_id > 0 else \
-        {"id": chat_id, "type": "supergroup", "title": "Group"}
-    return {"message_id": 500, "date": int(time.time()), "chat": chat, "from": author, **fields}
-
-
-async def write(tg: FakeTelegram, text: str | None, *, group: bool, mention: bool = False,
-                **kwargs: Any) -> None:
-    """The owner writes, in private or in the group (mentioning the bot when asked)."""
-    if group and mention:
-        text = f"@{BOT_USERNAME} {text}".rstrip()
-        kwargs["entities"] = MENTION
-    where = {"chat_id": GROUP, "chat_type": "supergroup"} if group else {}
-    await tg.message(text, user_id=OWNER, **where, **kwargs)
-
-
-async def answered(harness: Harness, tg: FakeTelegram, fake_eve: FakeEve, *, group: bool) -> str:
-    """What eve was sent, once the turn is over and the person has the echo."""
-    await harness.settled()
-    (text,) = said(fake_eve)
-    texts = tg.texts(GROUP if group else OWNER)
-    assert len(texts) == 1 and texts[0].startswith("echo: "), texts
-    return text
 
 
 # -- replies and quotes ------------------------------------------------------------------------

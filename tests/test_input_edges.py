@@ -11,8 +11,7 @@ from typing import Any
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import BOT_USERNAME, FakeTelegram
 from tests.harness import FRIEND, OWNER, Harness
-from tests.test_input import GROUP, MENTION, answered, replied, said, write
-from tests.test_input_edits import file_parts
+from tests.scenarios import GROUP, MENTION, answered, file_parts, replied, said, write
 
 
 async def test_album_restart_with_slow_first_poll_is_still_one_turn(harness: Harness, tg: FakeTelegram,

@@ -1,6 +1,6 @@
 """Edits and albums arrive whole (issue 14), in process on the real store and the fakes.
 
-Edits (the rule is :mod:`bridge.edits`): a waiting message is corrected in place; one eve has
+Edits (the rule is :mod:`bridge.intake.edits`): a waiting message is corrected in place; one eve has
 gets a correction after it, once; an unchanged edit and a live location's moves do nothing; an
 edit racing the claim of its message makes one turn with one of the two texts. Albums: one turn
 with every file, even when the bridge is killed between two parts.
@@ -20,8 +20,7 @@ from bridge.chat.compose import CORRECTION
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import BOT_USERNAME, FakeTelegram
 from tests.harness import OWNER, Harness
-from tests.test_chat_machine import _kill_during
-from tests.test_input import GROUP, MENTION, said
+from tests.scenarios import GROUP, MENTION, file_parts, kill_during, said, sends
 
 STRANGER = 7
 
@@ -40,10 +39,6 @@ async def edit(tg: FakeTelegram, message: dict[str, Any], text: str, *, group: b
 
 def as_eve_sees(text: str, *, group: bool) -> str:
     return f"Ann: {text}" if group else text
-
-
-def sends(fake_eve: FakeEve) -> list[dict[str, Any]]:
-    return [body for session in fake_eve.sessions.values() for body in session.sends]
 
 
 def running(fake_eve: FakeEve) -> bool:
@@ -223,11 +218,6 @@ async def test_an_edit_just_before_the_claim_makes_one_turn_with_the_new_text(tm
 # -- albums ----------------------------------------------------------------------------------------
 
 
-def file_parts(fake_eve: FakeEve) -> list[list[dict[str, Any]]]:
-    return [[p for p in b["message"] if p.get("type") != "text"] if isinstance(b["message"], list) else []
-            for b in sends(fake_eve)]
-
-
 @GROUPS
 @pytest.mark.parametrize("batch", [True, False], ids=["one-poll", "apart"])
 async def test_an_album_goes_as_one_turn_with_every_file_and_the_caption(harness: Harness, tg: FakeTelegram,
@@ -259,7 +249,7 @@ async def test_a_kill_between_two_album_parts_loses_none_and_makes_one_turn(harn
                         what="the first part on disk")
     image = tmp_path / "image"
     group = first[0]["media_group_id"]
-    assert await _kill_during(harness, image, 1, lambda: tg.album(["k2", "k3"], media_group_id=group,
+    assert await kill_during(harness, image, 1, lambda: tg.album(["k2", "k3"], media_group_id=group,
                                                                   user_id=OWNER, batch=True))
     await asyncio.sleep(1.2)  # a restart takes longer than an album takes to settle
     await harness.restart_from(image)

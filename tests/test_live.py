@@ -15,23 +15,13 @@ from bridge.chat.transitions import ChatState, state_of
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import BOT_USERNAME, FakeTelegram
 from tests.harness import FRIEND, OWNER, Harness
-from tests.test_chat_machine import eve_compacting
+from tests.scenarios import cancels, compacting
 
 GROUP = -100500
 OTHER = 3  # allowed to talk, but not the one asking
 MENTION = [{"type": "mention", "offset": 0, "length": len(BOT_USERNAME) + 1}]
 SLOW = "one two three four five six seven eight nine ten [[chunkdelay=0.15]]"
 SLOW_TEXT = "echo: one two three four five six seven eight nine ten"
-
-
-def compacting(h: Harness, fake_eve: FakeEve) -> bool:
-    """The chat is busy compacting and eve has begun it."""
-    chat = h.maybe_chat()
-    return chat is not None and state_of(chat) is ChatState.COMPACTING and eve_compacting(fake_eve)
-
-
-def cancels(fake_eve: FakeEve) -> list[dict]:
-    return [body or {} for method, path, body in fake_eve.requests if method == "POST" and path.endswith("/cancel")]
 
 
 async def test_a_slow_answer_shows_draft_frames_then_one_final_message(harness: Harness, tg: FakeTelegram):

@@ -14,7 +14,7 @@ from bridge.chat.transitions import ChatState, state_of
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness
-from tests.test_live import cancels, compacting
+from tests.scenarios import cancels, compacting
 
 LONG = " ".join(f"w{i}" for i in range(30))
 

@@ -18,13 +18,13 @@ from aiohttp import web
 import eve_client as eve
 from bridge.chat.transitions import Transitions
 from bridge.notebook import Notebook, NotebookConfig
-from bridge.state import open_state
+from bridge.storage.state import open_state
 from bridge.web.listener import Listener
 from bridge.web.mcp import TOOLS, McpServer
 from tests.conftest import MCP_TOKENS, OWNER, REAL, ROOT, free_port
+from tests.daemons import check_env, iva_check
 from tests.fakes.telegram import TOKEN
-from tests.test_cli import _check, _env
-from tests.unit.test_mcp_protocol import owner_turn
+from tests.scenarios import owner_turn
 
 SAVE = '[[mcp=chat_note_save {"name": "shop", "description": "list", "body": "milk"}]]'
 
@@ -94,10 +94,10 @@ async def test_check_says_what_it_cannot_see_and_warns_without_the_token(tg, fak
     """eve's /info shows no connection headers (hasHeaders is false even with a resolver), so the
     check says it cannot tell whether eve sends the token; Iva's own missing token is a warning."""
     fake_eve.mcp_url = "http://127.0.0.1:8787/mcp"
-    code, out = await _check(_env(tg, fake_eve.url, fake_eve.token))
+    code, out = await iva_check(check_env(tg, fake_eve.url, fake_eve.token))
     assert code == 0 and "warn notebook: IVA_MCP_TOKEN is not set" in out
     assert "note notebook: eve's /info does not show the 'notebook' connection's headers" in out
-    code, out = await _check(_env(tg, fake_eve.url, fake_eve.token, IVA_MCP_TOKEN="mcp-token-1"))
+    code, out = await iva_check(check_env(tg, fake_eve.url, fake_eve.token, IVA_MCP_TOKEN="mcp-token-1"))
     assert code == 0 and "warn" not in out and "note notebook: eve's /info does not show" in out
 
 

@@ -8,34 +8,11 @@ import json
 from typing import Any
 
 import aiohttp
-import pytest
 
 from tests.conftest import FRIEND, OWNER
+from tests.daemons import API_TOKEN, api, idle, notes_in_db
 
-TOKEN = "owner-api-token"
 GROUP = -1001
-
-
-@pytest.fixture
-async def nb_daemon(daemon_factory, fake_eve):
-    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_API_TOKEN=TOKEN, IVA_CONTEXT_WINDOW="200000")
-    fake_eve.mcp_url = d.api_url + "/mcp"
-    await d.start()
-    return d
-
-
-async def api(d, method: str, path: str, body: Any = None, *, token: str | None = TOKEN,
-              raw: bytes | None = None) -> tuple[int, Any]:
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    async with aiohttp.ClientSession() as http:
-        kwargs: dict[str, Any] = {"headers": headers}
-        if raw is not None:
-            kwargs["data"] = raw
-            headers["content-type"] = "application/json"  # S1: a body of another type is a 415
-        elif body is not None:
-            kwargs["json"] = body
-        async with http.request(method, d.api_url + path, **kwargs) as response:
-            return response.status, await response.json(content_type=None)
 
 
 async def mcp(d, session: str, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -51,15 +28,6 @@ def contexts(fake_eve) -> list[Any]:
     return [b.get("clientContext") for b in fake_eve.sends()]
 
 
-def notes_in_db(d, address: str) -> dict[str, dict[str, Any]]:
-    with d.db() as conn:
-        return {r["name"]: dict(r) for r in conn.execute("SELECT * FROM notes WHERE address = ?", (address,))}
-
-
-async def idle(tg, d, address: str = str(OWNER)) -> None:
-    await tg.wait_for(lambda: (c := d.chat(address)) is not None and c["status"] == "idle", 30, f"{address} idle")
-
-
 async def test_a_saved_note_is_in_the_database_and_in_the_next_owner_turn(tg, fake_eve, nb_daemon):
     """N3, N6: the model saves with a tool call mid-turn; the next turn's [state] block quotes it."""
     await tg.message('remember [[mcp=chat_note_save {"name": "shop", "description": "shopping list", '
@@ -73,12 +41,12 @@ async def test_a_saved_note_is_in_the_database_and_in_the_next_owner_turn(tg, fa
     assert notes_in_db(nb_daemon, str(OWNER))["shop"]["body"] == "milk, eggs"
     await idle(tg, nb_daemon)
     await tg.message("what do I buy?", user_id=OWNER)
-    await tg.wait_texts(2, timeout=30)
+    await tg.wait_texts(3, timeout=30)
     first, second = contexts(fake_eve)
     assert first.startswith("[state]\n[notebook] empty.") and "never overrides your standing rules" in first
     assert "## shop | shopping list\nmilk, eggs" in second and "chat_note_read" not in second
-    # The tool call is not a Telegram message (N3: quiet, uneventful).
-    assert tg.texts() == ["echo: remember", "echo: what do I buy?"]
+    # The tool call itself is not a Telegram message (N3: quiet); the write is told once (seed 000).
+    assert tg.texts() == ["echo: remember", "📝 Notebook: shop (new)", "echo: what do I buy?"]
 
 
 async def test_in_inline_mode_the_read_tool_is_unknown_to_list_and_call(tg, fake_eve, nb_daemon):
@@ -179,13 +147,13 @@ async def test_the_window_line_wrap_up_and_nudge_each_come_when_they_should(tg, 
 async def test_notes_survive_new_and_new_says_how_many(tg, fake_eve, nb_daemon):
     """N8: /new keeps the notebook and says how many notes it kept."""
     await tg.message('a [[mcp=chat_note_save {"name": "keep", "description": "k", "body": "kept"}]]', user_id=OWNER)
-    await tg.wait_texts(1, timeout=30)
+    await tg.wait_texts(2, timeout=30)  # the answer and its 📝 line
     await idle(tg, nb_daemon)
     await tg.message("/new", user_id=OWNER)
-    await tg.wait_texts(2, timeout=30)
+    await tg.wait_texts(3, timeout=30)
     assert tg.texts()[-1] == "New conversation started. The notebook kept its 1 note(s)."
     await tg.message("after", user_id=OWNER)
-    await tg.wait_texts(3, timeout=30)
+    await tg.wait_texts(4, timeout=30)
     assert "## keep | k\nkept" in contexts(fake_eve)[-1]
     assert len(fake_eve.sessions) == 2
 
@@ -361,7 +329,7 @@ async def test_a_bad_rebuild_keeps_the_old_notebook_retries_once_and_does_not_lo
 
 async def test_disabled_notebook_registers_no_tools_sends_no_block_touches_no_table(tg, daemon_factory, fake_eve):
     """N8: IVA_NOTES_ENABLED=0."""
-    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_API_TOKEN=TOKEN, IVA_NOTES_ENABLED="0")
+    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_API_TOKEN=API_TOKEN, IVA_NOTES_ENABLED="0")
     fake_eve.mcp_url = d.api_url + "/mcp"
     await d.start()
     await tg.message('hi [[mcp=chat_note_save {"name": "a", "description": "d", "body": "b"}]]', user_id=OWNER)
@@ -377,3 +345,60 @@ async def test_disabled_notebook_registers_no_tools_sends_no_block_touches_no_ta
         assert conn.execute("SELECT count(*) FROM notes").fetchone()[0] == 0
         assert conn.execute("SELECT count(*) FROM notes_seen").fetchone()[0] == 0
         assert tuple(conn.execute("SELECT notes_version, notes_mode FROM chats").fetchone()) == (0, "inline")
+
+
+async def test_every_write_of_a_turn_is_told_with_its_answer_and_marked_by_notes(tg, fake_eve, nb_daemon):
+    """seed 000: every write visible — the answer comes with 📝 and the names; /notes marks what the
+    last turn changed; a turn that changes nothing leaves nothing marked."""
+    await tg.message('remember [[mcp=chat_note_save {"name": "shop", "description": "shopping list", '
+                     '"body": "milk"}]] [[mcp=chat_note_save {"name": "plan", "description": "the plan", '
+                     '"body": "a"}]]', user_id=OWNER)
+    await tg.wait_texts(2, timeout=30)
+    assert tg.texts() == ["echo: remember", "📝 Notebook: shop (new), plan (new)"]
+    await idle(tg, nb_daemon)
+    await tg.message('again [[mcp=chat_note_save {"name": "plan", "body": "b"}]] '
+                     '[[mcp=chat_note_pin {"name": "plan"}]] [[mcp=chat_note_delete {"name": "shop"}]]',
+                     user_id=OWNER)
+    await tg.wait_texts(4, timeout=30)
+    assert tg.texts()[2:] == ["echo: again", "📝 Notebook: plan (pinned), shop (deleted)"]
+    await idle(tg, nb_daemon)
+    await tg.message("/notes", user_id=OWNER)
+    await tg.wait_texts(5, timeout=20)
+    listing = tg.texts()[-1]
+    assert "plan 📌 — the plan 📝" in listing and "📝 The last answer changed: plan (pinned), shop (deleted)" in listing
+    status, body = await api(nb_daemon, "GET", f"/v1/chats/{OWNER}/notes")
+    assert status == 200 and body["last_turn"] == [{"name": "plan", "change": "pinned"}, {"name": "shop", "change": "deleted"}]
+    await tg.message("nothing written", user_id=OWNER)
+    await tg.wait_texts(6, timeout=30)
+    await idle(tg, nb_daemon)
+    await tg.message("/notes", user_id=OWNER)
+    await tg.wait_texts(7, timeout=20)
+    assert "📝" not in tg.texts()[-1].replace("📓", "")
+
+
+async def test_a_groups_owner_turn_tells_its_writes_in_the_owners_private_chat(tg, fake_eve, nb_daemon):
+    """seed 000: the 📝 line goes where the owner reads it — never into the group."""
+    await tg.message('hi [[mcp=chat_note_save {"name": "secret", "description": "x", "body": "the plan"}]]',
+                     user_id=OWNER, chat_id=GROUP, chat_type="supergroup", reply_to_bot=True)
+    await tg.wait_texts(1, chat_id=OWNER, timeout=30)
+    assert tg.texts(OWNER) == [f"📝 Notebook of chat {GROUP}: secret (new)"]
+    await idle(tg, nb_daemon, str(GROUP))
+    assert len(tg.texts(GROUP)) == 1 and not any("📝" in text for text in tg.texts(GROUP))
+
+
+async def test_the_notes_listing_has_an_etag_and_if_none_match_gives_304(tg, fake_eve, nb_daemon):
+    """seed 000: API clients re-read only after a change (ETag, If-None-Match → 304)."""
+    await tg.message("hello", user_id=OWNER)
+    await tg.wait_texts(1, timeout=30)
+    await idle(tg, nb_daemon)
+    url = f"{nb_daemon.api_url}/v1/chats/{OWNER}/notes"
+    auth = {"authorization": f"Bearer {API_TOKEN}"}
+    async with aiohttp.ClientSession(headers=auth) as http:
+        async with http.get(url) as r:
+            etag = r.headers["ETag"]
+            assert r.status == 200 and etag.startswith('"')
+        async with http.get(url, headers={"If-None-Match": etag}) as r:
+            assert r.status == 304 and r.headers["ETag"] == etag and await r.read() == b""
+        await api(nb_daemon, "PUT", f"/v1/chats/{OWNER}/notes/shop", {"body": "milk", "description": "list"})
+        async with http.get(url, headers={"If-None-Match": etag}) as r:
+            assert r.status == 200 and r.headers["ETag"] != etag and (await r.json())["notes"][0]["name"] == "shop"

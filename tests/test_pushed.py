@@ -353,7 +353,7 @@ async def test_a_kill_at_every_statement_of_a_pushed_turn(tmp_path: Path, tg: Fa
                     pass  # killed inside the push: the caller saw no 202 and pushes again
 
             await push()
-            await h.until(lambda db=db: db.killed.is_set() or _quiet(h), timeout=20, what="killed or done")
+            await h.until(lambda db=db: db.killed.is_set() or h.quiet(), timeout=20, what="killed or done")
             if not db.killed.is_set():
                 await h.settled()
                 assert tg.texts(user).count(reply) == 1
@@ -380,13 +380,6 @@ def _pending_in(image: Path, name: str) -> bool:
         return bool(conn.execute("SELECT count(*) FROM outbox WHERE state = 'pending'").fetchone()[0])
     finally:
         conn.close()
-
-
-async def _quiet(h: Harness) -> bool:
-    try:
-        return not await h._unsettled(True)
-    except Exception:
-        return False
 
 
 async def test_a_pushed_turn_eve_fails_itself_tells_the_chat_in_one_line(harness: Harness, tg: FakeTelegram):

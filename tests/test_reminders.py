@@ -399,7 +399,7 @@ async def test_a_reminder_fired_turn_is_an_owner_turn_with_the_tools(with_tools:
 
 async def test_retention_prunes_finished_reminders_and_keeps_active_ones(clocked: tuple[Harness, Clock]):
     """F7: a reminder done or cancelled before the window goes; an active one stays, whatever its age."""
-    from bridge import retention
+    from bridge.storage import retention
 
     h, clock = clocked
     once = await reminders(h).set(A, "once", at=utc(T0 + 60))

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bridge.addressing import Address
 from bridge.app import notebook_config
+from bridge.intake.addressing import Address
 from bridge.notebook import Notebook
 from bridge.web.listener import Listener
 from bridge.web.owner_api import OwnerApi

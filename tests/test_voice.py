@@ -27,43 +27,12 @@ from bridge.config import ConfigError, Settings
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import TOKEN, FakeTelegram
 from tests.harness import FRIEND, OWNER, Harness
+from tests.scenarios import OGG, SCRIPT, alive, voice
 
 REFUSED = "I can read text, photos and documents — not this kind of message, sorry."
 REFUSED_VOICE_ON = "I can read text, photos, documents and voice messages — not this kind of message, sorry."
 UNHEARD = "I couldn't transcribe that recording — please send it again or write it down."
-OGG = b"OggS\x00\x02fake opus voice"
 TRANSCRIPT = "hello from the recording"
-
-SCRIPT = r'''
-import json, os, stat, subprocess, sys, time
-mode, record, path = sys.argv[1], sys.argv[2], sys.argv[-1]
-entry = {"argv": sys.argv[1:], "path": path, "pid": os.getpid(),
-         "dir_mode": stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode),
-         "file_mode": stat.S_IMODE(os.stat(path).st_mode),
-         "data": open(path, "rb").read().hex(), "iva_env": sorted(k for k in os.environ if k.startswith("IVA_"))}
-if mode == "hang":  # a helper that holds our output open, as a real pipeline's decoder might
-    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    entry["helper"] = helper.pid
-with open(record, "a") as out:
-    out.write(json.dumps(entry) + "\n")
-if mode == "ok":
-    print("  " + "hello from the recording" + "  ")
-elif mode == "fail":
-    print("partial words")
-    print("model not found", file=sys.stderr)
-    sys.exit(1)
-elif mode == "hang":
-    time.sleep(120)
-'''
-
-
-def voice(file_id: str, data: bytes, *, caption: str | None = None) -> dict[str, Any]:
-    extra: dict[str, Any] = {"voice": {"file_id": file_id, "file_unique_id": file_id, "duration": 3,
-                                       "mime_type": "audio/ogg", "file_size": len(data)}}
-    if caption is not None:
-        extra["caption"] = caption
-    return extra
-
 
 def parts(fake_eve: FakeEve) -> list[Any]:
     """The ``message`` of every send eve received, in order, across sessions."""
@@ -72,15 +41,6 @@ def parts(fake_eve: FakeEve) -> list[Any]:
 
 def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie (a killed helper may wait to be reaped by init)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from bridge.config import ConfigError, Settings
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import TOKEN, FakeTelegram
 from tests.harness import OWNER, Harness
-from tests.test_voice import OGG, SCRIPT, alive, voice
+from tests.scenarios import OGG, SCRIPT, alive, voice
 
 SPEAKER = r'''
 import json, os, stat, subprocess, sys, time

@@ -45,7 +45,7 @@ def _serve(path: str) -> None:
 
     import bridge.app  # the point: everything a start needs, imported once
     import bridge.cli
-    import bridge.webhook
+    import bridge.intake.webhook
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from diskqueue import Message
 
-from ..payloads import Queued, QueuedMessage
+from ..storage.payloads import Queued, QueuedMessage
 
 __all__ = ["LARGEST", "LOOKAHEAD", "SETTLE", "Cut", "cut"]
 

@@ -14,7 +14,7 @@ the person's words (I1)::
 1 000 characters (then "…"); its attachments are named ("[photo]"), never sent again.
 
 An edit of a message eve already has comes as ``[correction of my earlier message] <the new
-words>`` (:mod:`bridge.edits`); the parts of an album go in one turn, every file a part, each
+words>`` (:mod:`bridge.intake.edits`); the parts of an album go in one turn, every file a part, each
 caption a line.
 """
 
@@ -33,8 +33,9 @@ from aiogram import Bot
 import eve_client as eve
 
 from .. import log
+from ..errors import BridgeError
 from ..metrics import METRICS
-from ..payloads import Attachment, PushedTurn, Queued, QueuedMessage, Reply, Spoken
+from ..storage.payloads import Attachment, PushedTurn, Queued, QueuedMessage, Reply, Spoken
 from .media import Media
 from .transcribe import TranscribeFailed, Transcriber
 
@@ -145,7 +146,7 @@ def framed(reply: Reply) -> str:
                      for i, line in enumerate(lines))
 
 
-class TooBig(Exception):
+class TooBig(BridgeError):
     pass
 
 

@@ -11,26 +11,24 @@ import structlog
 import eve_client as eve
 
 from .. import log
-from ..payloads import Queued, QueuedMessage, decode
+from ..errors import BridgeError
 from ..push import turns as pushed
+from ..storage.payloads import Queued, QueuedMessage, decode
 from .compose import Composed, compose, hear
 from .endings import say_unheard
 from .services import Services
 from .transcribe import Transcriber
 
-__all__ = ["GONE", "Lost", "Unheard", "send"]
+__all__ = ["Lost", "Unheard", "send"]
 
 logger = log.get("bridge.chat.delivery")
 
-# eve no longer has the session (or it cannot go on): the busy period ends with the reset mark.
-GONE = (eve.SessionNotFound, eve.SessionNotActive, eve.SessionStranded, eve.SessionExpired)
 
-
-class Lost(Exception):
+class Lost(BridgeError):
     """The eve session is gone, stranded or stuck: free the chat with the reset mark."""
 
 
-class Unheard(Exception):
+class Unheard(BridgeError):
     """Nothing is left to send: the messages are recordings without a transcript (I4). The
     caller ends them — each sender told in one line — in the same commit as their end."""
 
@@ -67,7 +65,7 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
             context, told = await pushed.context(s.store.db, address, items, context, steer=policy == "steer")
             try:
                 delivery = await s.eve.send(session, composed.message, turn_policy=policy, client_context=context)
-            except GONE as exc:
+            except eve.SessionGone as exc:
                 if attempt == 2 or policy == "steer":
                     raise Lost(str(exc)) from exc
                 logger.warning("eve_session_replaced", reason=str(exc))

@@ -11,7 +11,7 @@ and slows the pace). :meth:`Draft.settle` waits for a frame in flight before the
 sent, so no frame can land after it (a draft reappearing over the answer). Drafts are plain text
 (a half-written Markdown can never become an entity error); a long block shows its tail.
 
-The pacer in front of the bot (bridge/pacing.py) gives drafts a budget of their own per chat
+The pacer in front of the bot (bridge/telegram/pacing.py) gives drafts a budget of their own per chat
 (``IVA_DRAFT_RATE``) and skips a frame when the global budget is short: a skipped frame is never
 queued, the latest state goes at the next chance. A frame has ``IVA_DRAFT_TIMEOUT`` (5 s) to be
 answered, not aiogram's 60 s: a hung frame can hold neither the final answer (``settle``) nor a
@@ -29,7 +29,7 @@ from aiogram.exceptions import TelegramBadRequest, TelegramForbiddenError, Teleg
 from .. import log
 from ..config import DEFAULT_DRAFT_TIMEOUT
 from ..metrics import METRICS
-from ..pacing import Paced, pacer_of
+from ..telegram.pacing import Paced, pacer_of
 
 __all__ = ["FRAME_INTERVAL", "Draft", "progress_line"]
 

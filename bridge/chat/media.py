@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from ..payloads import Attachment, Queued, QueuedMessage
+from ..storage.payloads import Attachment, Queued, QueuedMessage
 
 __all__ = ["MAX_HEARD", "MAX_PART_BYTES", "Media"]
 

@@ -1,5 +1,5 @@
 """The chat's durable notices and replies on their way out: rows in the outbox, sent by the
-:class:`~bridge.sender.Sender` (T6, T7). A notice written with a transition commits with it, so
+:class:`~bridge.telegram.sender.Sender` (T6, T7). A notice written with a transition commits with it, so
 it is sent once even across restarts."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import asyncio
 from aiogram.exceptions import TelegramBadRequest
 
 from .. import log
-from ..sender import ChatGone, Sender, TopicGone
-from ..store import Chat, Store
-from ..texts import t
+from ..storage.store import Chat, Store
+from ..telegram.sender import ChatGone, Sender, TopicGone
+from ..telegram.texts import t
 from .transitions import Transitions
 
 __all__ = ["Outbox"]

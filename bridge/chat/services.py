@@ -14,8 +14,8 @@ from eve_client import EveClient
 from ..config import Settings
 from ..notebook import Notebook, Rebuilder
 from ..people import People
-from ..sender import Sender
-from ..store import Store
+from ..storage.store import Store
+from ..telegram.sender import Sender
 from . import parking
 from .media import Media
 from .outbox import Outbox

@@ -29,9 +29,10 @@ from diskqueue import DiskQueue, Message, State
 
 from .. import log
 from ..clock import CLOCK, Clock
-from ..payloads import InputAnswer, Kind, Origin, PushedTurn, Queued, QueuedMessage, decode
+from ..errors import BridgeError
 from ..push import turns as pushed
-from ..store import CancelMark, Chat, ChatStatus, CompactPhase, Store
+from ..storage.payloads import InputAnswer, Kind, Origin, PushedTurn, Queued, QueuedMessage, decode
+from ..storage.store import CancelMark, Chat, ChatStatus, CompactPhase, Store
 from . import albums, draftids, parking
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def state_of(chat: Chat) -> ChatState:
     return ChatState.RELEASED if chat.compact_phase is CompactPhase.RELEASED else ChatState.IDLE
 
 
-class IllegalTransition(Exception):
+class IllegalTransition(BridgeError):
     """The transition is not defined from the chat's current state."""
 
 
@@ -369,7 +370,7 @@ class Transitions:
     # -- the ways out of a turn --------------------------------------------------------------
 
     async def park(self, address: str, claim: str, *, cursor: int, measurement: int | None, threshold: int,
-                   may_compact: bool, announced: bool = False) -> Parked:
+                   may_compact: bool, announced: bool = False, first: int | None = None) -> Parked:
         """busy(turn) → idle, or straight into busy(compacting, auto) in the same commit (C1, C2);
         → released when a compaction released before this turn is still outstanding at eve and
         was not announced during it (C6: the consumer watches for it)."""
@@ -378,7 +379,7 @@ class Transitions:
             outstanding = chat.compact_phase is CompactPhase.RELEASED and not announced
             may_compact = may_compact and not outstanding  # C5: never a second request
             now = self.clock()
-            decision = parking.parking_decision(chat, measurement, threshold, now=now)
+            decision = parking.parking_decision(chat, measurement, threshold, first=first, now=now)
             inflight = await self._ack_inflight(chat)
             fields: dict[str, Any] = {**_IDLE, "cursor": cursor, "progress_at": now, "turns": chat.turns + 1,
                                       **decision.updates}

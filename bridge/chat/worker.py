@@ -20,7 +20,7 @@ import eve_client as eve
 
 from .. import backoff, log
 from ..metrics import METRICS
-from ..texts import t
+from ..telegram.texts import t
 from .consumer import POKE
 from .recovery import drive, resume
 from .services import Services, Slot, files_budget

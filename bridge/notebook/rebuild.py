@@ -27,7 +27,8 @@ import time
 import eve_client as eve
 
 from .. import log
-from ..store import Store
+from ..errors import BridgeError
+from ..storage.store import Store
 from .rules import needs_rebuild, rebuild_prompt, totals, validate_rebuild
 from .service import Notebook
 
@@ -165,7 +166,7 @@ class Rebuilder:
         return "\n".join(reversed(lines))
 
 
-class ToolUsed(Exception):
+class ToolUsed(BridgeError):
     """The rebuild's model called (or tried to call) a tool: the answer is void (S5)."""
 
     def __init__(self, event: str, tools: list[str]) -> None:

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from ..errors import BridgeError
+
 __all__ = [
     "INDEX",
     "INLINE",
@@ -97,7 +99,7 @@ class Note:
                    prev_body=record.get("prev_body"))  # type: ignore[arg-type]
 
 
-class NoteError(ValueError):
+class NoteError(BridgeError, ValueError):
     """A refusal the model (or the owner) reads: it says what to do instead (N1, N4)."""
 
 

@@ -39,10 +39,10 @@ from cronsim import CronSim, CronSimError
 from diskqueue import Database
 
 from .. import log
-from ..payloads import PushedTurn
-from ..state import StateCorrupt, corrupt
-from ..store import Store
-from .store import PushStore
+from ..storage.payloads import PushedTurn
+from ..storage.pushes import PushStore
+from ..storage.state import StateCorrupt, corrupt
+from ..storage.store import Store
 from .turns import PushError, Pushes, iso, whole
 
 __all__ = ["LATE_AFTER", "LOOK_EVERY", "MAX_PER_CHAT", "MAX_TEXT", "Reminder", "Reminders"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..store import Chat
+from ..storage.store import Chat
 from ..toolschema import tool as _tool
 from .reminders import MAX_PER_CHAT, MAX_TEXT, Reminders
 from .turns import PushError

@@ -1,7 +1,7 @@
 """Pushed turns and notifications (W1-W6), and what the chat's machinery asks of them.
 
 A pushed turn is a queue row of the chat like a person's message (payload kind ``pushed``, a
-:class:`~bridge.payloads.PushedTurn`), so it waits behind a running turn or compaction and
+:class:`~bridge.storage.payloads.PushedTurn`), so it waits behind a running turn or compaction and
 survives restarts exactly as a message does. Its key is the row's dedupe key
 (``push:<address>:<key>``): the same key again finds the same row, across restarts, until
 retention prunes the finished row (F7). Its id is ``t<row id>``; its state is read off the row
@@ -29,10 +29,11 @@ from typing import Any
 from diskqueue import Database, DiskQueue, Message, State
 
 from .. import log
-from ..payloads import PushedTurn, Queued, decode
-from ..store import Chat, Store
-from ..texts import t
-from .store import PushStore
+from ..errors import BridgeError
+from ..storage.payloads import PushedTurn, Queued, decode
+from ..storage.pushes import PushStore
+from ..storage.store import Chat, Store
+from ..telegram.texts import t
 
 __all__ = ["MAX_KEY", "MAX_TEXT", "PushError", "Pushes", "TurnState", "alone", "context", "failed_line",
            "iso", "person_depth", "told", "turn_failed", "unsteered", "whole"]
@@ -52,7 +53,7 @@ def iso(at: float | None) -> str | None:
     return None if at is None else datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
 
 
-class PushError(Exception):
+class PushError(BridgeError):
     """Bad input: ``field`` is at fault, the message says what to send instead."""
 
     def __init__(self, field: str, message: str, *, status: int = 400, code: str = "bad_field") -> None:
@@ -64,7 +65,7 @@ class PushError(Exception):
 
 def whole(text: str) -> str:
     """``text`` with each lone UTF-16 surrogate (JSON allows ``"\\ud83d"`` alone: a broken emoji;
-    SQLite refuses it) as U+FFFD, as a reply's text is (:meth:`bridge.store.Store.put_outgoing`)."""
+    SQLite refuses it) as U+FFFD, as a reply's text is (:meth:`bridge.storage.store.Store.put_outgoing`)."""
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 

@@ -18,9 +18,9 @@ from ..metrics import METRICS
 if TYPE_CHECKING:
     from diskqueue import DiskQueue
 
-    from ..ingest import Ingest
-    from ..store import Store
-    from ..webhook import Webhook
+    from ..intake.ingest import Ingest
+    from ..intake.webhook import Webhook
+    from ..storage.store import Store
 
 __all__ = ["OVERDUE_FACTOR", "Listener"]
 
@@ -45,6 +45,7 @@ class Listener:
         self.ingest = ingest
         self.webhook = webhook
         self.started = CLOCK.now()
+        self.dead = 0  # messages given up on, as of the last refresh
         self.extra_routes = routes
         self._runner: web.AppRunner | None = None
 
@@ -67,8 +68,20 @@ class Listener:
             await self._runner.cleanup()
 
     async def _refresh(self) -> tuple[int, int, int, int, float | None]:
-        last = self.ingest.last_poll_ok  # first: set even when the database does not answer
-        METRICS.poll_age.set(round(CLOCK.now() - (self.started if last is None else last), 1))
+        # First: set even when the database does not answer. Each mode its own gauges (an
+        # alert on the poll's age fired forever in webhook mode, where nothing polls).
+        now = time.time()
+        if self.webhook is None:
+            last = self.ingest.last_poll_ok
+            METRICS.mode.labels(mode="polling").set(1)
+            METRICS.poll_age.set(round(CLOCK.now() - (self.started if last is None else last), 1))  # F9
+        else:
+            delivered = self.webhook.delivered_at
+            METRICS.mode.labels(mode="webhook").set(1)
+            METRICS.webhook_delivery_age.set(round(now - (self.started if delivered is None else delivered), 1))
+            healthy, _ = self.webhook.status.report(self.webhook.url, now)
+            METRICS.webhook_healthy.set(1 if healthy else 0)
+            METRICS.webhook_pending.set(self.webhook.status.pending_update_count or 0)
         # The last committed state, read without queueing behind the writer's transactions: on
         # a slow disk (each commit an fsync of 50 ms or more) that queue is seconds long.
         async with self.store.db.committed():
@@ -76,6 +89,7 @@ class Listener:
             by_kind = await self.store.busy_by_kind()
             now = CLOCK.now()  # steady (F9): the chats' progress stamps are too
             overdue, oldest = await self.store.health(overdue_before=now - self.busy_timeout * OVERDUE_FACTOR)
+            self.dead = await self.store.dead_count()  # a warning, not a failure: `iva status --dead` lists them
         busy = sum(by_kind.values())
         # The outbox stamps wall time: the earlier of the two clocks ages it, so no step makes
         # a pending reply look stale.
@@ -111,7 +125,8 @@ class Listener:
                 "storage": "ok" if storage is None else f"failing: {storage}",
                 "telegram_poll_age_s": poll_age, "webhook": webhook, "queued": queued,
                 "busy_chats": busy, "compacting_chats": compacting, "overdue_chats": overdue,
-                "oldest_pending_reply_s": reply_age, "uptime_s": round(CLOCK.now() - self.started)}
+                "oldest_pending_reply_s": reply_age, "dead_messages": self.dead,
+                "uptime_s": round(CLOCK.now() - self.started)}
         return web.json_response(body, status=200 if ok else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:

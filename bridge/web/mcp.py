@@ -37,7 +37,7 @@ from ..notebook.service import Notebook
 from ..push.reminders import Reminders
 from ..push.tools import REMINDER_TOOLS, run_tool
 from ..push.turns import PushError
-from ..store import Chat, Store
+from ..storage.store import Chat, Store
 from ..toolschema import tool as _tool
 from .guards import bearer_matches, browser_origin, not_json
 
@@ -266,10 +266,10 @@ class McpServer:
             nb.mark_read(chat, name)
             return {"name": found.name, "description": found.description, "body": found.body, "pinned": found.pinned}
         if tool == "chat_note_delete":
-            if not await nb.delete(address, name):
+            if not await nb.delete(address, name, guard=chat):
                 raise NoteError(f"There is no note named '{name}'.")
             return {"deleted": name}
-        note = await nb.set_pinned(address, name, tool == "chat_note_pin")
+        note = await nb.set_pinned(address, name, tool == "chat_note_pin", guard=chat)
         return {"name": note.name, "pinned": note.pinned}
 
 

@@ -31,6 +31,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from tests.fakes.waiting import until
+
 TOKEN = "123456:TEST-token-abcdefghijklmnopqrstuv"
 BOT_ID = 123456
 BOT_USERNAME = "iva_test_bot"
@@ -42,7 +44,7 @@ _INT_FIELDS = {"chat_id", "message_id", "offset", "limit", "timeout", "message_t
 
 
 # Tests that are not about pacing run without Telegram's flood limits (the product's defaults are
-# those limits, bridge/pacing.py): sends are never held back, drafts keep their own 0.3 s floor.
+# those limits, bridge/telegram/pacing.py): sends are never held back, drafts keep their own 0.3 s floor.
 # A pacing test passes its own IVA_SEND_* / IVA_DRAFT_RATE (or PACED) to override these.
 UNPACED = {"IVA_SEND_RATE": "100000", "IVA_SEND_CHAT_BURST": "1000", "IVA_SEND_CHAT_RATE": "100000",
            "IVA_SEND_GROUP_PER_MINUTE": "6000000", "IVA_DRAFT_RATE": "1000"}
@@ -395,13 +397,7 @@ class FakeTelegram:
         await self.wait_for(lambda: self.confirmed > update_id, timeout, "the daemon to poll past a nudge")
 
     async def wait_for(self, predicate: Any, timeout: float = 15.0, what: str = "condition") -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"timed out waiting for {what}; sent={self.texts()!r}")
+        return await until(predicate, timeout, what, detail=lambda: f"sent={self.texts()!r}")
 
     async def wait_sent(self, predicate: Any, timeout: float = 30.0) -> None:
         """Wait, without polling, until ``predicate()`` holds; re-checked after every sendMessage."""

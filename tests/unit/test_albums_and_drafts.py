@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bridge.chat.albums import LOOKAHEAD, SETTLE, cut
-from bridge.payloads import QueuedMessage
+from bridge.storage.payloads import QueuedMessage
 from diskqueue import Message, State
 
 NOW = 1_000.0

@@ -1,4 +1,8 @@
-"""The chat's state machine is in one package and written in one module (issue 10)."""
+"""The tree follows the message, and the chat's state machine is written in one module.
+
+The layers, from the top (an import may only go down, or stay inside its own package):
+``cli`` → ``app`` → ``web`` → ``intake`` → ``chat`` → the domain (``notebook``, ``push``,
+``people``) → ``telegram`` → ``storage`` → the base (config, log, metrics, systemd, backoff, …)."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ STATE_FIELDS = (
     "compact_phase", "compact_cancel", "compact_notified", "after_pending", "after_report", "waiting_input",
     "owner_turn", "compact_failures", "compact_retry_at",
 )
-STORAGE = {"store.py", "notebook/service.py", "push/store.py"}  # the only bridge modules with SQL (and diskqueue)
+STORAGE = {"storage/store.py", "storage/pushes.py", "notebook/service.py"}  # the only bridge modules with SQL (and diskqueue)
 
 
 def _modules() -> dict[str, str]:
@@ -27,7 +31,7 @@ def _modules() -> dict[str, str]:
 
 def test_only_the_transitions_write_a_chats_state() -> None:
     writers = {name for name, text in _modules().items()
-               if name != "store.py" and re.search(r"\.(update_chat|update_chat_if|touch_chat|block_chat)\(", text)}
+               if name != "storage/store.py" and re.search(r"\.(update_chat|update_chat_if|touch_chat|block_chat)\(", text)}
     assert writers == {"chat/transitions.py"}
 
 
@@ -76,6 +80,35 @@ def _imports(name: str, text: str) -> set[str]:
         elif isinstance(sub, ast.Import):
             found.update(a.name for a in sub.names if a.name.startswith("bridge"))
     return found
+
+
+LAYERS = (  # from the bottom; a module not named here is of the base layer (which may import itself)
+    ("storage",), ("telegram",), ("notebook", "push", "people"), ("chat",), ("intake",), ("web",), ("app",),
+    ("cli",), ("__main__",),
+)
+
+
+def _layer(module: str) -> tuple[int, str]:
+    """(rank, package) of a bridge module: ``bridge.chat.worker`` → (3, "chat")."""
+    top = module.split(".")[1] if module.count(".") else ""
+    for rank, names in enumerate(LAYERS, start=1):
+        if top in names:
+            return rank, top
+    return 0, top
+
+
+def test_imports_only_go_down_the_layers() -> None:
+    modules = _modules()
+    names = {".".join(["bridge", *Path(n).with_suffix("").parts]).removesuffix(".__init__") for n in modules}
+    upward = []
+    for name, text in modules.items():
+        module = ".".join(["bridge", *Path(name).with_suffix("").parts]).removesuffix(".__init__")
+        rank, package = _layer(module)
+        for target in _imports(name, text) & names:
+            their_rank, their_package = _layer(target)
+            if target != "bridge" and their_package != package and (their_rank > rank or their_rank == rank > 0):
+                upward.append(f"{module} → {target}")
+    assert sorted(upward) == []
 
 
 def test_no_import_cycle_inside_bridge() -> None:

@@ -7,8 +7,8 @@ import pytest
 import diskqueue
 import eve_client
 from bridge.config import ConfigError, Settings
-from bridge.render import render
-from bridge.texts import pick_lang
+from bridge.telegram.render import render
+from bridge.telegram.texts import pick_lang
 
 GOOD = {
     "IVA_TELEGRAM_TOKEN": "123456:ABCDEFGHIJKLMNOPQRSTUVWXYZ",

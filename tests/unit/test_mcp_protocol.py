@@ -21,11 +21,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from bridge.chat.transitions import Transitions
 from bridge.config import ConfigError, Settings, is_loopback
 from bridge.notebook import Notebook, NotebookConfig
-from bridge.payloads import QueuedMessage
-from bridge.state import open_state
+from bridge.storage.state import open_state
 from bridge.web.listener import Listener
 from bridge.web.mcp import TOOLS, McpServer
 from bridge.web.owner_api import OwnerApi
+from tests.scenarios import owner_turn
 
 MCP_TOKEN = "mcp-secret-1"
 API_TOKEN = "api-secret-1"
@@ -59,18 +59,6 @@ class Surface:
         if params is not None:
             message["params"] = params
         return await self.rpc(message, **kw)
-
-
-async def owner_turn(tr: Transitions, address: str, session: str) -> None:
-    """The chat in an owner's turn on ``session`` (touch, enqueue, claim, session opened)."""
-    await tr.touch(address, int(address), None, "en")
-    msg = QueuedMessage(text="hi", message_id=1, user_id=1, user_name="Ann", owner=True, private=True)
-    await tr.queue.enqueue(address, msg.to_payload(), dedupe_key=f"tg:{address}:1")
-    claim = await tr.claim_turn(address, limit=10)
-    assert claim is not None
-    chat = await tr.store.chat(address)
-    assert chat is not None and chat.claim is not None
-    await tr.session_opened(address, chat.claim, session)
 
 
 @pytest.fixture

@@ -20,11 +20,11 @@ from mcp.shared.exceptions import MCPError
 
 from bridge.chat.transitions import Transitions
 from bridge.notebook import Notebook, NotebookConfig
-from bridge.state import open_state
+from bridge.storage.state import open_state
 from bridge.web.listener import Listener
 from bridge.web.mcp import McpServer
 from tests.conftest import free_port
-from tests.unit.test_mcp_protocol import owner_turn
+from tests.scenarios import owner_turn
 
 TOKEN = "sdk-mcp-token"
 CHAT = "42"

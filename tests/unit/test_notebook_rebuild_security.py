@@ -17,7 +17,7 @@ import eve_client as eve
 from bridge.notebook import Notebook, NotebookConfig
 from bridge.notebook.rebuild import Rebuilder
 from bridge.notebook.rules import rebuild_prompt
-from bridge.store import Store
+from bridge.storage.store import Store
 from diskqueue import Database, DiskQueue
 
 GROUP = "-100"

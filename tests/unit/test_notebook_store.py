@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from bridge.notebook import Notebook, NotebookConfig, NoteError
-from bridge.store import Store
+from bridge.storage.store import Store
 from diskqueue import Database, DiskQueue
 
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from bridge import retention
 from bridge.chat.transitions import Transitions
 from bridge.config import ConfigError, Settings
-from bridge.payloads import QueuedMessage
-from bridge.state import StateCorrupt
-from bridge.store import Store
+from bridge.storage import retention
+from bridge.storage.payloads import QueuedMessage
+from bridge.storage.state import StateCorrupt
+from bridge.storage.store import Store
 from diskqueue import Database, DiskQueue
 from tests.harness import KillingDatabase, open_store
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.state import StateUnavailable, corrupt, open_state
+from bridge.storage.state import StateUnavailable, corrupt, open_state
 
 
 async def _fresh(path: Path) -> None:

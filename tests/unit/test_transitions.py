@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from bridge.chat.transitions import ChatState, IllegalTransition, Superseded, Transitions, state_of
-from bridge.payloads import QueuedMessage
-from bridge.store import CancelMark, Chat, CompactPhase
+from bridge.storage.payloads import QueuedMessage
+from bridge.storage.store import CancelMark, Chat, CompactPhase
 from tests.harness import Killed, KillingDatabase, open_store
 
 A = "1"
@@ -349,7 +349,7 @@ async def test_a_kill_at_every_statement_of_a_transition_leaves_the_state_before
 async def test_a_compaction_caught_by_the_upgrade_to_the_phase_is_migrated_as_posted(tmp_path: Path) -> None:
     """A busy compaction written before the phase existed must not read as "never requested"
     (that would request it again, C5): the migration marks it posted, so eve's stream decides."""
-    from bridge import store as store_module
+    from bridge.storage import store as store_module
     from diskqueue import Database, DiskQueue
 
     db = await Database(tmp_path / "old.sqlite3").open()
@@ -390,7 +390,7 @@ async def test_a_turn_takes_files_only_up_to_its_budget(tmp_path: Path) -> None:
     """Issue 11 (attachments): a turn's files are bounded by their declared sizes — a file of
     unknown size counts as the cap — so an album cannot put a gigabyte in memory; the first
     message always goes, the rest wait (in order) for the next turns."""
-    from bridge.payloads import Attachment
+    from bridge.storage.payloads import Attachment
 
     db, tr = await _open(tmp_path)
     mb = 1024 * 1024

@@ -27,21 +27,28 @@ from aiogram.exceptions import (
 )
 from aiogram.types import CallbackQuery, Message, Update, User
 
-from . import backoff, log
+from .. import backoff, log
+from ..chat.services import Services
+from ..chat.worker import Scheduler
+from ..clock import CLOCK
+from ..metrics import METRICS
+from ..people import Role
+from ..storage.payloads import (
+    Attachment,
+    InputAnswer,
+    PeopleButton,
+    PromptButton,
+    QueuedMessage,
+    Spoken,
+)
+from ..storage.state import StateCorrupt, corrupt
+from ..storage.store import Chat
+from ..telegram.texts import pick_lang, t
 from .addressing import Address, Inbound, classify
-from .chat.services import Services
-from .chat.worker import Scheduler
-from .clock import CLOCK
 from .commands import Commands
 from .describe import describe, quoted
 from .edits import commit_edit, edit_key, message_key
-from .metrics import METRICS
-from .payloads import Attachment, InputAnswer, PeopleButton, PromptButton, QueuedMessage, Spoken
-from .people import Role
-from .push.chat import button as reminder_button
-from .state import StateCorrupt, corrupt
-from .store import Chat
-from .texts import pick_lang, t
+from .reminders_command import button as reminder_button
 
 __all__ = ["Ingest"]
 
@@ -395,7 +402,7 @@ class Ingest:
         return "queued"
 
     async def on_edit(self, message: Message) -> str:
-        """I2: an edited message, by the rule of :mod:`bridge.edits` (replaced while it
+        """I2: an edited message, by the rule of :mod:`bridge.intake.edits` (replaced while it
         waits, a correction once eve has it, nothing when nothing changed). Who may talk and
         what addresses the bot are the same as for a message."""
         user = message.from_user

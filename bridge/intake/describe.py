@@ -6,7 +6,7 @@ Two uses, one vocabulary:
   eve as a line in square brackets (``[location: 55.751244, 37.618423]``) instead of the refusal.
 * :func:`quoted` — the message a person replies to (or the part of it they quote), capped, with
   its author and its attachments named (``[photo]``, ``[document: name.pdf]``), never re-sent.
-  It is stored with the queued message (:class:`~bridge.payloads.Reply`); compose frames it.
+  It is stored with the queued message (:class:`~bridge.storage.payloads.Reply`); compose frames it.
 
 A contact's phone number is named only when the contact is the sender's own; in a quote, never.
 """
@@ -30,7 +30,7 @@ from aiogram.types import (
     Venue,
 )
 
-from .payloads import Reply
+from ..storage.payloads import Reply
 
 __all__ = ["QUOTE_LIMIT", "describe", "quoted"]
 

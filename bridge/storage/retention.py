@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 from diskqueue import DiskQueue
 
-from . import log
-from .clock import CLOCK
-from .push.store import PushStore
+from .. import log
+from ..clock import CLOCK
+from .pushes import PushStore
 from .state import StateCorrupt, corrupt
 from .store import Store
 

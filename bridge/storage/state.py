@@ -18,7 +18,8 @@ from pathlib import Path
 
 from diskqueue import Database, DatabaseError, DiskQueue
 
-from . import backoff, log
+from .. import backoff, log
+from ..errors import BridgeError
 from .store import Store
 
 __all__ = ["OpenedState", "StateCorrupt", "StateUnavailable", "corrupt", "open_state"]
@@ -29,7 +30,7 @@ OPEN_ATTEMPTS = 5
 _CORRUPT = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
-class StateUnavailable(Exception):
+class StateUnavailable(BridgeError):
     """The state database could not be used (locked, read-only, full, not permitted), and is
     not corrupt: nothing was moved; the operator must look. ``quarantined``: a corrupt file was
     moved there and the fresh one could not be made (a full disk) — the owners must hear it."""
@@ -39,7 +40,7 @@ class StateUnavailable(Exception):
         self.quarantined = quarantined
 
 
-class StateCorrupt(Exception):
+class StateCorrupt(BridgeError):
     """SQLite found the state database corrupt while the bridge ran. Nothing more can be made
     durable: the bridge stops (exit 5) without confirming what it could not store, and the
     start-up check moves the file aside on the restart (Telegram redelivers what was lost)."""

@@ -11,26 +11,9 @@ from dataclasses import dataclass
 
 from aiogram.types import Message, MessageEntity, User
 
+from ..storage.address import Address
+
 __all__ = ["Address", "Inbound", "classify"]
-
-
-@dataclass(frozen=True, slots=True)
-class Address:
-    chat_id: int
-    thread_id: int | None = None
-
-    def __str__(self) -> str:
-        return f"{self.chat_id}" if self.thread_id is None else f"{self.chat_id}/{self.thread_id}"
-
-    @classmethod
-    def parse(cls, text: str) -> Address:
-        chat, _, thread = text.partition("/")
-        return cls(int(chat), int(thread) if thread else None)
-
-    @classmethod
-    def of(cls, message: Message) -> Address:
-        thread = message.message_thread_id if message.is_topic_message else None
-        return cls(message.chat.id, thread if thread and thread != 1 else None)
 
 
 @dataclass(frozen=True, slots=True)

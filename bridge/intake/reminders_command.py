@@ -1,5 +1,5 @@
 """``/reminders`` in the chat (W8): the owner sees the chat's reminders, each with a button that
-cancels it; anyone else is told that only the owner can. Both languages (bridge/texts.py)."""
+cancels it; anyone else is told that only the owner can. Both languages (bridge/telegram/texts.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 from aiogram.types import CallbackQuery, Message
 
 from .. import log
-from ..addressing import Address
 from ..chat.services import Services
-from ..texts import t
-from .reminders import Reminder, Reminders
+from ..push.reminders import Reminder, Reminders
+from ..telegram.texts import t
+from .addressing import Address
 
 __all__ = ["PREFIX", "button", "pressed", "reminders_command", "reminders_text"]
 

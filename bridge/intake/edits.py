@@ -35,8 +35,8 @@ import hashlib
 
 from diskqueue import DiskQueue, Message, State
 
-from .payloads import QueuedMessage, decode
-from .store import Store
+from ..storage.payloads import QueuedMessage, decode
+from ..storage.store import Store
 
 __all__ = ["EditOutcome", "commit_edit", "edit_key", "message_key"]
 

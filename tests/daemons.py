@@ -1,0 +1,51 @@
+"""Helpers for the tests that run the bridge as a process (tests/conftest.py's ``Daemon``):
+``iva check``, the owner API over HTTP, the notes as the daemon's database has them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import aiohttp
+
+from tests.fakes.telegram import TOKEN as BOT_TOKEN
+from tests.zygote import spawn_bridge
+
+OWNER = 1
+API_TOKEN = "owner-api-token"
+
+
+async def iva_check(env: dict[str, str]) -> tuple[int, str]:
+    """``iva check`` with ``env``: its exit code and what it printed."""
+    proc = await spawn_bridge("check", env={**os.environ, **env})
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, out.decode()
+
+
+def check_env(tg: Any, eve_url: str, eve_token: str, **extra: str) -> dict[str, str]:
+    return {"IVA_TELEGRAM_TOKEN": BOT_TOKEN, "IVA_TELEGRAM_API_URL": tg.url, "IVA_EVE_URL": eve_url,
+            "IVA_EVE_TOKEN": eve_token, "IVA_OWNER_IDS": str(OWNER), **extra}
+
+
+async def api(d, method: str, path: str, body: Any = None, *, token: str | None = API_TOKEN,
+              raw: bytes | None = None) -> tuple[int, Any]:
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as http:
+        kwargs: dict[str, Any] = {"headers": headers}
+        if raw is not None:
+            kwargs["data"] = raw
+            headers["content-type"] = "application/json"  # S1: a body of another type is a 415
+        elif body is not None:
+            kwargs["json"] = body
+        async with http.request(method, d.api_url + path, **kwargs) as response:
+            return response.status, await response.json(content_type=None)
+
+
+def notes_in_db(d, address: str) -> dict[str, dict[str, Any]]:
+    with d.db() as conn:
+        return {r["name"]: dict(r) for r in conn.execute("SELECT * FROM notes WHERE address = ?", (address,))}
+
+
+async def idle(tg, d, address: str = str(OWNER)) -> None:
+    await tg.wait_for(lambda: (c := d.chat(address)) is not None and c["status"] == "idle", 30, f"{address} idle")
