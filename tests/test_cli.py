@@ -158,3 +158,31 @@ async def test_check_shows_no_traceback_whatever_a_server_answers(kind: str):
     assert all(len(x) <= 420 for x in lines), out
     assert any(x.startswith("FAIL eve" if kind.startswith("info:") else "FAIL telegram") for x in lines), out
     assert TOKEN.partition(":")[2] not in out
+
+
+async def test_restore_notes_brings_the_notebooks_back_from_a_quarantined_file(tmp_path, capsys):
+    """seed 000/R5: a quarantined state database took the notebooks with it; `iva restore-notes FILE`
+    copies back every note that reads cleanly, never over one written since."""
+    import sqlite3
+
+    from bridge.cli import main
+    from tests.harness import open_store
+
+    old, state = tmp_path / "old.sqlite3", tmp_path / "state"
+    state.mkdir()
+    for path, rows in ((old, [("shop", "milk"), ("plan", "ship it")]), (state / "iva.sqlite3", [("shop", "bread")])):
+        db, _queue, _store = await open_store(path)
+        for name, body in rows:
+            await db.execute("INSERT INTO notes (address, name, description, body, created_at, updated_at) "
+                             "VALUES ('1', ?, 'd', ?, 1, 1)", (name, body))
+        if path == old:
+            await db.execute("INSERT INTO notes_archive VALUES ('1', '[]', 'rebuild', 1)")
+        await db.close()
+    quarantined = tmp_path / "iva.sqlite3.quarantined-20261202T000000"
+    old.rename(quarantined)
+    assert main(["restore-notes", str(quarantined), "--state", str(state)]) == 0
+    assert "1 note(s) and 1 archived notebook(s) restored" in capsys.readouterr().out
+    with sqlite3.connect(state / "iva.sqlite3") as conn:
+        assert dict(conn.execute("SELECT name, body FROM notes WHERE address = '1'")) == {"shop": "bread",
+                                                                                         "plan": "ship it"}
+    assert main(["restore-notes", str(tmp_path / "missing"), "--state", str(state)]) == 1
