@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
+import sys
 import time
 
 from bench.common import (
@@ -78,13 +80,17 @@ def strace_calls(path: str) -> int:
     return total
 
 
-async def sequential(turns: int, chats: int, profile: str | None = None, commits: str | None = None) -> dict:
+FORWARDER = [sys.executable, "-m", "bench.forwarder"]  # the baseline: aiogram + httpx, no durability
+
+
+async def sequential(turns: int, chats: int, profile: str | None = None, commits: str | None = None,
+                     argv: list[str] | None = None, **env: str) -> dict:
     tg, eve = FakeTelegram(), FakeEve()
     await tg.start()
     await eve.start()
     state = tmpdir()
-    daemon = Daemon(tg, eve, state, IVA_ALLOWED_USER_IDS=",".join(str(100 + c) for c in range(chats)))
-    await daemon.start(profiled(profile) or straced(commits))
+    daemon = Daemon(tg, eve, state, IVA_ALLOWED_USER_IDS=",".join(str(100 + c) for c in range(chats)), **env)
+    await daemon.start(argv or profiled(profile) or straced(commits))
     try:
         per_chat = turns // chats if turns else 0
 
@@ -150,15 +156,17 @@ async def scale(chats: int, rounds: int, profile: str | None = None) -> dict:
             "fairness_worst_over_median": round(worst / median, 2) if median else None}
 
 
-async def active(chats: int, spread: float, eve_delay: float, rounds: int, profile: str | None = None) -> dict:
+async def active(chats: int, spread: float, eve_delay: float, rounds: int, profile: str | None = None,
+                 argv: list[str] | None = None, **env: str) -> dict:
     """Benchmark 3 as "active at once": every chat writes once per round at a random moment of
     ``spread`` seconds and eve takes ``eve_delay`` seconds per turn, so with eve_delay ≥ spread all
     chats have a turn in flight at the same time. The added latency is the bridge's own, measured
     while it holds ``chats`` busy chats (open streams, typing, records)."""
     import random
 
-    tg, eve, daemon, _, users = await stack(chats, IVA_MAX_TURNS=str(chats))
-    await daemon.start(profiled(profile))
+    tg, eve, daemon, _, users = await stack(chats, **{"IVA_MAX_TURNS": str(chats), **env})
+    await daemon.start(argv or profiled(profile))
+    idle_rss = daemon.rss_peak_kb()
     rng = random.Random(7)
     peak_busy = 0
     try:
@@ -183,9 +191,31 @@ async def active(chats: int, spread: float, eve_delay: float, rounds: int, profi
     added = [a + b for a, b in zip(sorted(ingest), sorted(deliver), strict=False)]
     return {"mode": "active", "chats": chats, "rounds": rounds, "spread_s": spread, "eve_delay_s": eve_delay,
             "turns": chats * rounds, "turns_in_flight_at_peak": peak_busy, "wall_s": round(wall, 1),
-            "rss_peak_mb": round(rss / 1024, 1), "cpu_ms_per_turn": round(cpu * 1000 / (chats * rounds), 3),
+            "rss_peak_mb": round(rss / 1024, 1), "rss_started_mb": round(idle_rss / 1024, 1),
+            "rss_per_busy_chat_kb": round((rss - idle_rss) / max(1, peak_busy), 1),
+            "cpu_ms_per_turn": round(cpu * 1000 / (chats * rounds), 3),
             "ingest_to_eve": dist_ms(ingest), "completed_to_telegram": dist_ms(deliver),
-            "added_latency_sum_p99_ms": dist_ms(added)["p99"]}
+            "added_latency": dist_ms(added), "added_latency_sum_p99_ms": dist_ms(added)["p99"]}
+
+
+async def versus(runs: int, job: str, args: argparse.Namespace) -> dict:
+    """Iva and the forwarder (bench/forwarder.py) alternately, ``runs`` times each, in one run.
+    Iva's pacer budgets are opened (``UNPACED``): the forwarder has none, and the fake Bot API
+    here has no flood limits — the pacer's waits are Telegram's limits, measured by bench.pacing,
+    not the bridge's own cost."""
+    from tests.fakes.telegram import UNPACED
+
+    out: dict[str, list[dict]] = {"iva": [], "forwarder": []}
+    for _ in range(runs):
+        for name, argv in (("iva", None), ("forwarder", FORWARDER)):
+            env = {**UNPACED, **({"IVA_STREAMING": args.streaming} if args.streaming else {})}
+            if job == "active":
+                r = await active(args.active, args.spread, args.eve_delay, args.rounds, argv=argv, **env)
+            else:
+                r = await sequential(args.turns, args.chats, argv=argv, **env)
+            out[name].append(r)
+            print(name, json.dumps(r), flush=True)
+    return out
 
 
 async def commits_per_turn(turns: int, chats: int) -> dict:
@@ -215,7 +245,14 @@ def main() -> None:
     parser.add_argument("--eve-delay", type=float, default=30.0)
     parser.add_argument("--commits", action="store_true",
                         help="count fsync'd commits per turn (strace; two runs: start-up only, then --turns)")
+    parser.add_argument("--versus", type=int, default=0,
+                        help="this many runs each of Iva and the forwarder baseline (bench/forwarder.py), alternately")
+    parser.add_argument("--streaming", help="IVA_STREAMING for --versus sequential runs (off, draft, …)")
     args = parser.parse_args()
+    if args.versus:
+        result = asyncio.run(versus(args.versus, "active" if args.active else "sequential", args))
+        print(f"written to {save('versus-active' if args.active else 'versus-latency', result)}")
+        return
     if args.commits:
         result = asyncio.run(commits_per_turn(args.turns, args.chats))
         path = save("commits", result)

@@ -54,23 +54,58 @@ async def limited_stack(chats: int, paced: bool, **env: str) -> tuple[FakeTelegr
     return tg, eve, daemon, users
 
 
-async def many_chats(chats: int, paced: bool) -> dict[str, Any]:
-    tg, eve, daemon, users = await limited_stack(chats, paced, IVA_MAX_TURNS=str(chats), IVA_STREAMING="off")
+async def probe_depth(daemon: Any, samples: list[tuple[float, float]], every: float = 0.05) -> None:
+    """Sample the daemon's pacer queue depth (``iva_pacer_queue_depth`` on /metrics) until cancelled."""
+    import httpx
+
+    async with httpx.AsyncClient(base_url=f"http://{daemon.env['IVA_API_LISTEN']}") as client:
+        while True:
+            text = (await client.get("/metrics")).text
+            depth = next(float(line.split()[1]) for line in text.splitlines()
+                         if line.startswith("iva_pacer_queue_depth "))
+            samples.append((time.monotonic(), depth))
+            await asyncio.sleep(every)
+
+
+async def many_chats(chats: int, paced: bool, probe: bool = False, **env: str) -> dict[str, Any]:
+    tg, eve, daemon, users = await limited_stack(chats, paced, **{"IVA_MAX_TURNS": str(chats), "IVA_STREAMING": "off",
+                                                                  **env})
     eve.reply_for = lambda text: answer(text.split()[-1], 3) if text.startswith("question ") else None
+    samples: list[tuple[float, float]] = []
     try:
         await daemon.start()
+        prober = asyncio.create_task(probe_depth(daemon, samples)) if probe else None
         started = time.monotonic()
         await tg.add_updates([tg.make_message(f"question c{u}", user_id=u) for u in users])
         await tg.wait_for(lambda: len(oks(tg)) >= 3 * chats, 600, "every part")
+        if prober is not None:
+            prober.cancel()
         sends = oks(tg)
         span = sends[-1].at - sends[0].at
         floor = (len(sends) - 1) / FLOOR_RATE
         in_order = all([t.split()[1] for t in tg.texts(u)] == ["part0", "part1", "part2"] for u in users)
-        return {"chats": chats, "parts": len(sends), "429s": len(tg.flood_refusals),
-                "first_to_last_s": round(span, 2), "floor_s": round(floor, 2), "ratio": round(span / floor, 3),
-                "all_s": round(sends[-1].at - started, 2), "whole_once_in_order": in_order}
+        gaps = [b.at - a.at for a, b in itertools.pairwise(sends)]
+        result = {"chats": chats, "parts": len(sends), "429s": len(tg.flood_refusals),
+                  "first_to_last_s": round(span, 2), "floor_s": round(floor, 2), "ratio": round(span / floor, 3),
+                  "all_s": round(sends[-1].at - started, 2), "whole_once_in_order": in_order,
+                  "gap_ms": dist_ms(gaps), "most_in_a_second": most_in(sends, 1.0)}
+        if samples:
+            inside = [d for t, d in samples if sends[0].at <= t <= sends[-1].at]
+            result["queue_empty_share"] = round(sum(1 for d in inside if d == 0) / max(1, len(inside)), 3)
+            result["queue_depth_p50"] = statistics.median(inside) if inside else 0
+        return result
     finally:
         await teardown(daemon, tg, eve)
+
+
+def most_in(sends: list[Any], window: float) -> int:
+    """The most calls within any ``window`` seconds (half open, as the fake counts)."""
+    times, most, left = [c.at for c in sends], 0, 0
+    for right, t in enumerate(times):
+        while t - times[left] >= window:
+            left += 1
+        most = max(most, right - left + 1)
+    return most
 
 
 async def busy_group(answers: int, seconds: float, paced: bool) -> dict[str, Any]:
@@ -133,6 +168,10 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--stream-seconds", type=float, default=60.0)
     parser.add_argument("--quick", action="store_true", help="50 chats, 30 s group and streams")
+    parser.add_argument("--modes", default="paced,unpaced,nodrafts",
+                        help="which runs: paced, unpaced, nodrafts (paced, drafts off: scenario 3's baseline)")
+    parser.add_argument("--probe", action="store_true",
+                        help="1: sample the daemon's pacer queue depth on /metrics (what share of the run it was empty)")
     args = parser.parse_args()
     if args.quick:
         args.chats, args.group_answers, args.group_seconds, args.stream_seconds = 50, 30, 30.0, 30.0
@@ -140,10 +179,12 @@ def main() -> None:
     result: dict[str, Any] = {"args": vars(args)}
 
     async def run() -> None:
-        for mode in ("paced", "unpaced", "paced, drafts off"):
+        names = {"paced": "paced", "unpaced": "unpaced", "nodrafts": "paced, drafts off"}
+        modes = [names[m] for m in args.modes.split(",")]
+        for mode in modes:
             paced = mode != "unpaced"
             if 1 in only and mode != "paced, drafts off":
-                result.setdefault("1_many_chats", {})[mode] = r = await many_chats(args.chats, paced)
+                result.setdefault("1_many_chats", {})[mode] = r = await many_chats(args.chats, paced, args.probe)
                 print(mode, "1", r, flush=True)
             if 2 in only and mode != "paced, drafts off":
                 result.setdefault("2_busy_group", {})[mode] = r = await busy_group(args.group_answers,

@@ -69,10 +69,38 @@ async def run(chats: int) -> dict:
             "answered": chats - repeats}
 
 
+async def start_times(runs: int) -> dict[str, list[float]]:
+    """The start alone, side by side: Iva (an empty state) and the minimal aiogram + httpx
+    forwarder (bench/forwarder.py), from exec to the first getUpdates — imports included."""
+    import sys
+
+    out: dict[str, list[float]] = {"iva": [], "forwarder": []}
+    for _ in range(runs):
+        for name, argv in (("iva", None), ("forwarder", [sys.executable, "-m", "bench.forwarder"])):
+            tg, eve = FakeTelegram(), FakeEve()
+            await tg.start()
+            await eve.start()
+            daemon = Daemon(tg, eve, tmpdir())
+            t0 = time.monotonic()
+            await daemon.start(argv)
+            out[name].append(round(time.monotonic() - t0, 2))
+            await daemon.stop()
+            await tg.stop()
+            await eve.stop()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--chats", type=int, default=1000)
+    parser.add_argument("--starts", type=int, default=0, help="only the start, this many times each: Iva and "
+                        "the minimal aiogram forwarder, alternately")
     args = parser.parse_args()
+    if args.starts:
+        starts = asyncio.run(start_times(args.starts))
+        print(starts)
+        print(f"written to {save('starts', starts)}")
+        return
     result = asyncio.run(run(args.chats))
     print(table([("metric", "value", "goal"),
                  ("busy records at start", str(result["chats"]), ""),

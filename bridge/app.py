@@ -7,6 +7,7 @@ import contextlib
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -37,6 +38,7 @@ from .push.reminders import Reminders
 from .push.turns import Pushes
 from .storage import retention
 from .storage.state import StateCorrupt, StateUnavailable, open_state
+from .storage.store import OtherBot, SchemaTooNew, owners_of
 from .telegram.pacing import Budget, Pacer
 from .telegram.sender import Sender, undecodable
 from .telegram.texts import t
@@ -45,9 +47,13 @@ from .web.mcp import McpServer
 from .web.owner_api import OwnerApi
 from .web.push_api import PushApi
 
-__all__ = ["Bridge", "make_bot", "run"]
+__all__ = ["EXIT_OTHER_BOT", "EXIT_SCHEMA_NEWER", "Bridge", "make_bot", "run"]
 
 logger = log.get("bridge.app")
+
+# Exit codes a restart cannot change: systemd's units list them in RestartPreventExitStatus=.
+EXIT_SCHEMA_NEWER = 6  # the state was written by a newer Iva
+EXIT_OTHER_BOT = 7  # the state is another bot's
 
 WEDGED_AFTER = 120.0  # seconds without a round of the polling loop (long poll 25 s + backoff 30 s)
 
@@ -149,7 +155,12 @@ class Bridge:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)
         async with contextlib.AsyncExitStack() as stack:
-            state = await open_state(s.db_path)
+            try:
+                state = await open_state(s.db_path)
+            except StateUnavailable as exc:
+                if exc.quarantined is not None:  # R5: told even with no fresh store to work on
+                    await tell_owners_without_state(s, exc.quarantined, str(exc.__cause__ or exc))
+                raise
             db, queue, store = state.db, state.queue, state.store
             stack.push_async_callback(db.close)
 
@@ -165,6 +176,7 @@ class Bridge:
             if me is None:
                 logger.info("bridge_stopped_before_ready")
                 return
+            await store.claim_bot(me.id)  # another bot's state: its message ids would be taken for ours
             sender = Sender(bot, store)
             notebook = Notebook(db, store, notebook_config(s))
             rebuilder = Rebuilder(notebook, store, client)
@@ -258,11 +270,29 @@ class Bridge:
         raise _Shutdown
 
 
+async def tell_owners_without_state(settings: Settings, quarantined: Path, error: str) -> None:
+    """R5 when the fresh database cannot be made (a full disk): the owners the environment and
+    the quarantined file name hear it from the bot, sent directly (no outbox: nothing is durable);
+    a failure to send is logged, never raised over the exit that says why."""
+    owners = set(settings.owner_ids) | owners_of(quarantined)
+    bot = make_bot(settings)
+    try:
+        for owner in sorted(owners):
+            text = t("state_quarantined_no_fresh", settings.lang, path=str(quarantined), error=error[:200])
+            try:
+                await bot.send_message(owner, text, request_timeout=15)
+            except Exception as exc:
+                logger.error("owner_not_told", owner=owner, error=str(exc)[:300])
+    finally:
+        await bot.session.close()
+
+
 def notebook_config(settings: Settings) -> NotebookConfig:
     defaults = PressureTexts()
     window, wrap, nudge = settings.notes_texts
     texts = PressureTexts(window=window or defaults.window, wrap=wrap or defaults.wrap, nudge=nudge or defaults.nudge)
-    return NotebookConfig(enabled=settings.notes_enabled, connection=settings.notes_connection, texts=texts)
+    return NotebookConfig(enabled=settings.notes_enabled, connection=settings.notes_connection, texts=texts,
+                          inturn_percent=settings.inturn_percent)
 
 
 async def run(settings: Settings) -> int:
@@ -279,4 +309,10 @@ async def run(settings: Settings) -> int:
     except StateCorrupt:
         # Logged where it was found; the restart's check moves the file aside (R5).
         return 5
+    except SchemaTooNew as exc:
+        logger.error("state_schema_newer", path=str(settings.db_path), problem=str(exc))
+        return EXIT_SCHEMA_NEWER
+    except OtherBot as exc:
+        logger.error("state_of_another_bot", path=str(settings.db_path), problem=str(exc))
+        return EXIT_OTHER_BOT
     return 0

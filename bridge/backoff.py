@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-__all__ = ["COMMIT", "EVE", "POLL", "STARTUP", "TELEGRAM", "WORKER", "Backoff"]
+__all__ = ["COMMIT", "EVE", "POLL", "STARTUP", "TELEGRAM", "WEBHOOK", "WORKER", "Backoff"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,3 +31,4 @@ POLL = Backoff(base=0.5, cap=30.0, factor=1.6)  # getUpdates failing
 STARTUP = Backoff(base=0.5, cap=30.0)  # getMe / eve's info at start
 WORKER = Backoff(base=2.0, cap=60.0, jitter=0.0)  # a worker's unexpected error (logged each time)
 COMMIT = Backoff(base=0.2, cap=10.0, jitter=0.0)  # a state commit that failed (disk, lock)
+WEBHOOK = Backoff(base=2.0, cap=300.0)  # the webhook's port busy or its URL refused: the operator's to fix

@@ -22,11 +22,11 @@ from aiogram.exceptions import (
 
 import eve_client as eve
 
-from . import log
+from . import disk, log
 from .chat import parking
 from .config import DEFAULT_BUSY_TIMEOUT, ConfigError, Settings, state_dir_of
 from .people import pairing_note
-from .storage.store import SchemaMismatch, read_status
+from .storage.store import SchemaMismatch, clear_dead, read_status
 from .telegram.sender import undecodable
 from .web.listener import OVERDUE_FACTOR
 
@@ -88,7 +88,7 @@ async def _check(settings: Settings) -> int:
                     warnings.append(f"IVA_CONTEXT_WINDOW={settings.context_window} but eve reports "
                                     f"{info.context_window_tokens}")
                 if window:
-                    safety = parking.in_turn_threshold(window)
+                    safety = parking.in_turn_threshold(window, settings.inturn_percent)
                     if ours >= safety:
                         warnings.append(
                             f"the parking threshold {ours} is not below eve's in-turn safety net {safety} "
@@ -189,11 +189,28 @@ def _status(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"iva status: no state database at {path} (set IVA_STATE_DIR or --state DIR)", file=sys.stderr)
         return 1
+    if args.clear_dead:
+        try:
+            cleared = clear_dead(path)
+        except (sqlite3.Error, SchemaMismatch) as exc:
+            print(f"iva status: cannot clear the dead messages in {path}: {one_line(str(exc))}", file=sys.stderr)
+            return 1
+        print(f"cleared {cleared} message(s) given up on")
+        return 0
     try:
         snapshot = read_status(path)
     except (sqlite3.Error, SchemaMismatch) as exc:
         print(f"iva status: cannot read {path}: {one_line(str(exc))}", file=sys.stderr)
+        if (storage := disk.full(path.parent)) is not None:
+            print(f"iva status: {storage}", file=sys.stderr)
         return 1
+    if args.dead and not args.json:
+        if not snapshot["dead"]:
+            print("no message was given up on")
+        for d in snapshot["dead"]:
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(d["died_at"]))
+            print(f"dead {d['id']}  chat {d['address']}  {when}  {d['reason']}  {d['text']}")
+        return 0
     try:
         busy_timeout = float(os.environ.get("IVA_BUSY_TIMEOUT") or DEFAULT_BUSY_TIMEOUT)
     except ValueError:
@@ -203,11 +220,14 @@ def _status(args: argparse.Namespace) -> int:
         chat["overdue"] = bool(quiet is not None and not chat["waiting_on_person"]
                                and quiet > busy_timeout * OVERDUE_FACTOR)
     note = pairing_note(path, os.environ)  # P1: no owner yet → a fresh link (the one write)
+    storage = disk.full(path.parent)  # F2: the daemon waits on storage; say why
     if args.json:
-        print(json.dumps({**snapshot, "pairing": note}, ensure_ascii=False, indent=2))
+        print(json.dumps({**snapshot, "pairing": note, "storage": storage}, ensure_ascii=False, indent=2))
         return 0
     if note is not None:
         print(note, file=sys.stderr)  # beside the table, never in its lines
+    if storage is not None:
+        print(f"STORAGE: {storage}")
     print(f"{path}: {snapshot['chats_known']} chats, {snapshot['busy_chats']} busy, "
           f"{snapshot['queued']} messages waiting, {snapshot['replies_pending']} replies pending")
     _reminders(snapshot["reminders"])
@@ -269,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument("--state", metavar="DIR", help="the state directory (default: IVA_STATE_DIR, "
                         "$STATE_DIRECTORY, ./var)")
     status.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    status.add_argument("--dead", action="store_true", help="list the messages given up on (eve kept failing "
+                        "on them: IVA_EVE_SEND_ATTEMPTS or IVA_EVE_SEND_MAX_AGE)")
+    status.add_argument("--clear-dead", action="store_true", help="forget the messages given up on, and their "
+                        "warning (the one write beside a running daemon, with a pairing link's)")
     args = parser.parse_args(argv)
     if args.command == "status":  # needs no configuration: only the database
         return _status(args)

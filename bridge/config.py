@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from .errors import BridgeError
+
 __all__ = ["ConfigError", "Settings", "is_loopback", "listener_problem", "state_dir_of"]
 
 DEFAULT_TELEGRAM_API_URL = "https://api.telegram.org"
@@ -24,6 +26,7 @@ DEFAULT_BUSY_TIMEOUT = 900.0
 
 
 DEFAULT_EVE_GRACE = 3.0  # seconds eve may take to start a turn with a message we are unsure it has (F4)
+DEFAULT_SEND_MAX_AGE = 3600.0  # seconds: a message eve failed on and still fails on this long after it came is given up (F6)
 DEFAULT_SEND_ATTEMPTS = 5  # a message eve answers 5xx (and never started) goes this often, then the person is told (F6)
 DEFAULT_HEALTH_REPLY_SECONDS = 120.0
 DEFAULT_MAX_TURNS = 16
@@ -102,7 +105,7 @@ def listener_problem(listen: str, notes_enabled: bool, mcp_token: str | None) ->
     return None
 
 
-class ConfigError(Exception):
+class ConfigError(BridgeError):
     """Every problem found in the environment, one line each."""
 
     def __init__(self, problems: list[str]) -> None:
@@ -124,12 +127,16 @@ class Settings:
     context_window: int | None = None
     compact_percent: int = DEFAULT_COMPACT_PERCENT
     compact_ceiling: int = DEFAULT_COMPACT_CEILING
+    # N6′: eve's in-turn safety net as a percent of the window, when the agent sets it otherwise
+    # than min(75% × window, 137 500) (C9); the [window] wall while parking is off.
+    inturn_percent: float | None = None
     manual_compact_min: int = DEFAULT_MANUAL_COMPACT_MIN
     compact_ack_seconds: float = DEFAULT_COMPACT_ACK_SECONDS
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT
     eve_grace: float = DEFAULT_EVE_GRACE
     health_reply_seconds: float = DEFAULT_HEALTH_REPLY_SECONDS
     send_attempts: int = DEFAULT_SEND_ATTEMPTS
+    send_max_age: float = DEFAULT_SEND_MAX_AGE
     lang: Literal["ru", "en"] = "ru"
     api_listen: str = DEFAULT_API_LISTEN
     api_token: str | None = field(default=None, repr=False)
@@ -329,15 +336,20 @@ class Settings:
         if not _LISTEN.fullmatch(listen):
             problems.append(f"IVA_API_LISTEN={listen!r} must be host:port, e.g. 127.0.0.1:8787")
 
-        # Webhook mode (O1). The URL is not required to be https here: Telegram refuses
-        # anything else at setWebhook, and `iva check` says so; a local Bot API server or a test
-        # fake may call plain http.
+        # Webhook mode (O1). Telegram's own Bot API refuses anything but https at setWebhook,
+        # which would leave the bridge retrying a refusal: refused here, at the start. A local
+        # Bot API server (IVA_TELEGRAM_API_URL elsewhere; `--local` takes plain http) or a test
+        # fake may call plain http; `iva check` still says so.
         webhook_url = get("IVA_TELEGRAM_WEBHOOK_URL")
         webhook_secret = get("IVA_TELEGRAM_WEBHOOK_SECRET")
         webhook_listen = get("IVA_WEBHOOK_LISTEN") or DEFAULT_WEBHOOK_LISTEN
         if webhook_url is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", webhook_url):
             problems.append(f"IVA_TELEGRAM_WEBHOOK_URL={webhook_url!r} is not an https URL (no query or fragment), "
                             "e.g. https://bot.example.org/telegram")
+        elif (webhook_url is not None and webhook_url.startswith("http://")
+              and (api_url or DEFAULT_TELEGRAM_API_URL).rstrip("/") == DEFAULT_TELEGRAM_API_URL):
+            problems.append(f"IVA_TELEGRAM_WEBHOOK_URL={webhook_url!r} is not https: Telegram's Bot API refuses "
+                            "plain http webhooks (only a local Bot API server, IVA_TELEGRAM_API_URL, takes them)")
         if webhook_url is not None and webhook_secret is None:
             problems.append("IVA_TELEGRAM_WEBHOOK_URL needs IVA_TELEGRAM_WEBHOOK_SECRET: 1-256 characters of "
                             "A-Z a-z 0-9 _ - that Telegram sends with every update (and nobody else knows)")
@@ -389,12 +401,14 @@ class Settings:
             context_window=integer("IVA_CONTEXT_WINDOW", None, low=1000),
             compact_percent=integer("IVA_COMPACT_PERCENT", DEFAULT_COMPACT_PERCENT, low=1, high=100),
             compact_ceiling=integer("IVA_COMPACT_CEILING", DEFAULT_COMPACT_CEILING, low=1000),
+            inturn_percent=min(100.0, number("IVA_INTURN_PERCENT", 0.0, low=1, what="a percent")) or None,
             manual_compact_min=integer("IVA_MANUAL_COMPACT_MIN", DEFAULT_MANUAL_COMPACT_MIN, low=0),
             compact_ack_seconds=number("IVA_COMPACT_ACK_SECONDS", DEFAULT_COMPACT_ACK_SECONDS, low=0.1),
             busy_timeout=number("IVA_BUSY_TIMEOUT", DEFAULT_BUSY_TIMEOUT, low=1.0),
             eve_grace=number("IVA_EVE_GRACE", DEFAULT_EVE_GRACE, low=0.5),
             health_reply_seconds=number("IVA_HEALTH_REPLY_SECONDS", DEFAULT_HEALTH_REPLY_SECONDS, low=1.0),
             send_attempts=integer("IVA_EVE_SEND_ATTEMPTS", DEFAULT_SEND_ATTEMPTS, low=1, high=100),
+            send_max_age=number("IVA_EVE_SEND_MAX_AGE", DEFAULT_SEND_MAX_AGE, low=1.0),
             max_turns=integer("IVA_MAX_TURNS", DEFAULT_MAX_TURNS, low=1, high=10_000),
             batch_size=integer("IVA_BATCH", DEFAULT_BATCH, low=1, high=100),
             max_file_mb=integer("IVA_MAX_FILE_MB", DEFAULT_MAX_FILE_MB, low=1, high=2000),

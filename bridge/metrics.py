@@ -31,8 +31,19 @@ class _Metrics:
                              "(a question waiting on the person aside)", registry=r)
         self.oldest_reply = Gauge("iva_oldest_pending_reply_seconds", "Age of the oldest reply not yet sent",
                                   registry=r)
-        self.poll_age = Gauge("iva_telegram_poll_age_seconds", "Seconds since the last successful getUpdates "
-                              "(since start when none yet); /healthz turns 503 above 120", registry=r)
+        self.poll_age = Gauge("iva_telegram_poll_age_seconds", "Polling mode: seconds since the last successful "
+                              "getUpdates (since start when none yet); /healthz turns 503 above 120. Not updated in "
+                              "webhook mode (see iva_telegram_mode)", registry=r)
+        # How updates arrive, so an alert can ask the right question of each mode (O1).
+        self.mode = Gauge("iva_telegram_mode", "1 for the way this bridge gets Telegram's updates", ["mode"], registry=r)
+        self.webhook_delivery_age = Gauge("iva_webhook_delivery_age_seconds", "Webhook mode: seconds since Telegram's "
+                                          "last delivery was taken (since start when none yet); quiet chats make "
+                                          "it grow too", registry=r)
+        self.webhook_healthy = Gauge("iva_webhook_healthy", "Webhook mode: 1 while Telegram has our URL set, was "
+                                     "asked in the last 3 min and reports no delivery error in the last 5 min "
+                                     "(as /healthz), else 0", registry=r)
+        self.webhook_pending = Gauge("iva_webhook_pending_updates", "Webhook mode: updates Telegram holds for us "
+                                     "(getWebhookInfo, every minute)", registry=r)
         # The pacer (bridge/telegram/pacing.py, docs/pacing.md): what waits for Telegram's flood limits.
         self.pacer_waiting = Gauge("iva_pacer_queue_depth", "Messages waiting in the pacer for a chat's or the "
                                    "global send budget", registry=r)

@@ -7,11 +7,12 @@
     ├── EveProtocolError           an answer we cannot make sense of (bad JSON, missing fields)
     └── EveRejected                eve answered 4xx (not retryable unless said otherwise)
         ├── EveUnauthorized        401: the token is wrong or missing
-        ├── SessionNotFound        404: eve does not know the session
         ├── SessionNotReady        409 session_not_ready (retryable: the session is still starting)
-        ├── SessionNotActive       409 session_not_active (the session was reset or never existed)
-        ├── SessionExpired         410 session_expired (the stream of a reset session is gone)
-        └── SessionStranded        409 session_stranded (the session belongs to another eve version)
+        └── SessionGone            the session cannot go on: a new one is needed
+            ├── SessionNotFound    404: eve does not know the session
+            ├── SessionNotActive   409 session_not_active (the session was reset or never existed)
+            ├── SessionExpired     410 session_expired (the stream of a reset session is gone)
+            └── SessionStranded    409 session_stranded (the session belongs to another eve version)
 
 httpx errors are translated in exactly one place, :func:`map_response` / :func:`map_transport`.
 """
@@ -32,6 +33,7 @@ __all__ = [
     "EveTransportError",
     "EveUnauthorized",
     "SessionExpired",
+    "SessionGone",
     "SessionNotActive",
     "SessionNotFound",
     "SessionNotReady",
@@ -90,7 +92,11 @@ class EveUnauthorized(EveRejected):
     """401: the bearer token is missing or wrong."""
 
 
-class SessionNotFound(EveRejected):
+class SessionGone(EveRejected):
+    """eve no longer has the session, or it cannot go on there: the caller needs a new one."""
+
+
+class SessionNotFound(SessionGone):
     """404: eve does not know this session."""
 
 
@@ -98,15 +104,15 @@ class SessionNotReady(EveRejected):
     """409 session_not_ready: the session is still being set up; retry shortly."""
 
 
-class SessionNotActive(EveRejected):
+class SessionNotActive(SessionGone):
     """409 session_not_active: the session was reset or is unknown."""
 
 
-class SessionExpired(EveRejected):
+class SessionExpired(SessionGone):
     """410 session_expired: eve no longer keeps this session's history (it was reset)."""
 
 
-class SessionStranded(EveRejected):
+class SessionStranded(SessionGone):
     """409 session_stranded: the session was started by another eve version."""
 
     @property

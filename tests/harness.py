@@ -128,6 +128,8 @@ class Harness:
         self._closing: list[asyncio.Task[Any]] = []  # aiogram's close waits 250 ms: not in the way
         self.starts = 0
         self.ingest: asyncio.Task[Any] | None = None
+        self.loop: Ingest | None = None  # the polling loop itself (its liveness, its storage report)
+        self.failing_at_start: dict[str, int] = {}  # KillingDatabase.failing from the first statement
         # W1-W9: pushed turns and reminders; the reminders read this wall clock (a test moves it)
         # and fire when the test calls ``reminders.fire_due()``, or on their own loop when
         # ``reminders_loop`` is set before start.
@@ -155,6 +157,7 @@ class Harness:
         db, queue, store = await open_store(self.settings.db_path, kill_at=kill_at, image=image)
         assert isinstance(db, KillingDatabase)
         self.db = db
+        db.failing.update(self.failing_at_start)
         self._closers = [db.close]
         bot = (make_bot(self.settings) if self.clock is None
                else make_bot(self.settings, clock=self.clock, sleep=self.clock.sleep))
@@ -177,6 +180,7 @@ class Harness:
         self.pairing = await self.services.people.start_pairing(me.username)
         ingest = Ingest(services=self.services, me=me, scheduler=self.scheduler,
                         commands=Commands(self.services, self.scheduler, self.reminders))
+        self.loop = ingest
         self.ingest = self.spawn(ingest.run())
         await self.scheduler.recover()
         if self.reminders_loop:

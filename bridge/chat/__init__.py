@@ -47,7 +47,9 @@ Modules, in import order (each imports only those below it):
 * :mod:`.transitions` — every write of a chat's state;
 * :mod:`.parking` — the pure decisions (threshold, C8, back-off);
 * :mod:`.albums` — the pure decision of which claimed messages go now (an album whole, once
-  settled: ``claim_turn`` answers :class:`~.transitions.Settling` until then).
+  settled: ``claim_turn`` answers :class:`~.transitions.Settling` until then);
+* :mod:`.media` — a turn's file parts and transcripts, kept until eve has the turn (an outage
+  does not fetch and transcribe again at every retry).
 
 Recovery is not a second machine: a restart finds busy records and hands each to the same
 consumer from its saved cursor. What a restart cannot read from eve's stream is in the record.

@@ -13,7 +13,7 @@ interleaving than that, or the files budget (a huge album), may split one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from diskqueue import Message
@@ -29,7 +29,7 @@ LOOKAHEAD = 2 * LARGEST  # a claim looks this far past its limit: two albums sen
 
 @dataclass(frozen=True, slots=True)
 class Cut:
-    """Take ``take`` of the claimed messages; ``wait_until`` (a ``time.time()``) when none can go
+    """Take ``take`` of the claimed messages; ``wait_until`` (on ``now``'s clock) when none can go
     yet because the first is part of an album still arriving."""
 
     take: int
@@ -41,7 +41,8 @@ def _album(item: Queued) -> str | None:
 
 
 def cut(claimed: Sequence[Message], items: Sequence[Queued], waiting: Sequence[Message], *, limit: int,
-        now: float, started: float, settle: float = SETTLE) -> Cut:
+        now: float, started: float, settle: float = SETTLE,
+        arrived: Callable[[Message], float] | None = None) -> Cut:
     """``claimed`` (decoded as ``items``), oldest first, were taken for a turn of at most
     ``limit`` messages; ``waiting`` are the address's queued messages behind them.
 
@@ -53,7 +54,7 @@ def cut(claimed: Sequence[Message], items: Sequence[Queued], waiting: Sequence[M
     for row in [*claimed, *waiting]:
         album = row.payload.get("album")
         if isinstance(album, str):
-            last[album] = max(last.get(album, 0.0), row.enqueued_at)
+            last[album] = max(last.get(album, 0.0), row.enqueued_at if arrived is None else arrived(row))
     where: dict[str, list[int]] = {}
     for i, item in enumerate(items):
         if (album := _album(item)) is not None:

@@ -16,10 +16,9 @@ import eve_client as eve
 
 from .. import log
 from ..metrics import METRICS
-from ..storage.payloads import Origin
+from ..storage.payloads import Origin, QueuedMessage, decode
 from ..storage.store import CancelMark, Chat, CompactPhase
 from ..telegram.texts import t
-from .delivery import GONE
 from .endings import lose
 from .services import Services
 
@@ -106,7 +105,7 @@ class Compaction:
                 self.phase = CompactPhase.ACCEPTED
             await self.send_cancel()  # a message asked for it before eve had the compaction
             return False
-        if isinstance(result, eve.Accepted) or isinstance(result, GONE):
+        if isinstance(result, eve.Accepted) or isinstance(result, eve.SessionGone):
             await lose(self.s, self.address, self.claim, f"compact: {result}")
             return True
         logger.warning("compaction_request_failed", error=str(result))
@@ -123,11 +122,7 @@ class Compaction:
             case eve.CompactionRequested():
                 self.requested = True
                 if self.released:
-                    # C6: the late acceptance came after all; take the chat again until it waits.
-                    claim = await self.s.transitions.recapture(self.address)
-                    if claim is not None:
-                        self.claim, self.phase = claim, CompactPhase.ACCEPTED
-                        logger.info("compaction_chat_recaptured")
+                    await self._recapture()
                 elif self.phase is not CompactPhase.ACCEPTED:
                     assert self.claim is not None
                     await self.s.transitions.compact_accepted(self.address, self.claim)
@@ -143,6 +138,29 @@ class Compaction:
                 # A message reached eve while we watched a released compaction: it is a turn now.
                 logger.info("compaction_watch_turn_started")
         return False
+
+    async def _recapture(self) -> None:
+        """C6: the late acceptance came after all; take the chat again until it waits. A message
+        that came in the released window waits with it, and hears the C3 notice: the notice
+        and the hold are one decision (seed 004: nothing goes to eve while it compacts)."""
+        s = self.s
+        async with s.store.db.transaction():
+            claim = await s.transitions.recapture(self.address)
+            if claim is None:
+                return
+            waiting = [m for m in map(decode, (m.payload for m in await s.queue.queued(self.address, limit=1)))
+                       if isinstance(m, QueuedMessage)]
+            noticed = bool(waiting) and s.settings.turn_policy == "queue" \
+                and await s.transitions.notify_compacting(self.address)
+            if noticed:
+                chat = await s.store.chat(self.address)
+                assert chat is not None
+                await s.outbox.say(chat, f"c3:{claim}", t("compacting_notice", chat.lang),
+                                   reply_to=waiting[0].message_id)
+        self.claim, self.phase = claim, CompactPhase.ACCEPTED
+        logger.info("compaction_chat_recaptured", noticed=noticed)
+        if noticed:
+            await s.outbox.flush(self.address)
 
     # -- C4: a message interrupts it -------------------------------------------------------
 

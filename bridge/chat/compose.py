@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,11 +33,13 @@ from aiogram import Bot
 import eve_client as eve
 
 from .. import log
+from ..errors import BridgeError
 from ..metrics import METRICS
 from ..storage.payloads import Attachment, PushedTurn, Queued, QueuedMessage, Reply, Spoken
+from .media import Media
 from .transcribe import TranscribeFailed, Transcriber
 
-__all__ = ["CORRECTION", "Composed", "compose", "framed"]
+__all__ = ["CORRECTION", "Composed", "compose", "framed", "hear"]
 
 logger = log.get("bridge.chat.compose")
 
@@ -52,8 +54,32 @@ class Composed:
     unheard: tuple[QueuedMessage, ...] = ()
 
 
+async def hear(bot: Bot, items: Sequence[Queued], *, max_file_mb: int, transcriber: Transcriber | None,
+               media: Media | None = None) -> dict[str, str | None]:
+    """The transcripts of the turn's recordings (None: it has none), by file id — before the
+    turn takes a file slot, so no transcriber runs while one is held; one kept from an earlier
+    try of the same turn (an eve outage) is not made again."""
+    heard: dict[str, str | None] = {}
+    cap = max_file_mb * 1024 * 1024
+    for item in items:
+        if isinstance(item, QueuedMessage) and item.attachment is not None and item.attachment.transcribe:
+            heard[item.attachment.file_id] = await _heard(bot, item.attachment, cap, transcriber, media)
+    return heard
+
+
+async def _heard(bot: Bot, attachment: Attachment, cap: int, transcriber: Transcriber | None,
+                 media: Media | None) -> str | None:
+    if media is not None and (kept := media.heard(attachment, cap)) is not None:
+        return kept
+    text = await _transcribe(bot, attachment, cap, transcriber)
+    if media is not None and text is not None:
+        media.keep_heard(attachment, cap, text)
+    return text
+
+
 async def compose(bot: Bot, items: Sequence[Queued], *, max_file_mb: int,
-                  transcriber: Transcriber | None = None) -> Composed:
+                  transcriber: Transcriber | None = None, media: Media | None = None,
+                  heard: Mapping[str, str | None] | None = None) -> Composed:
     """Several waiting messages go as one turn; in groups each says who wrote it; photos and
     documents go as file parts (T8), each at most ``max_file_mb`` — enforced on the bytes as they
     arrive, since Telegram does not always say a file's size (the turn's claim bounds their sum).
@@ -76,13 +102,20 @@ async def compose(bot: Bot, items: Sequence[Queued], *, max_file_mb: int,
         if item.album is not None:
             albums.add(item.album)
         if item.attachment is not None and item.attachment.transcribe:
-            heard = await _transcribe(bot, item.attachment, max_file_mb * 1024 * 1024, transcriber)
-            if heard is None:
+            cap = max_file_mb * 1024 * 1024
+            words = heard[item.attachment.file_id] if heard is not None and item.attachment.file_id in heard \
+                else await _heard(bot, item.attachment, cap, transcriber, media)
+            if words is None:
                 unheard.append(item)
                 continue
-            text = f"{text}\n[{(item.attachment.spoken or Spoken.AUDIO).label}, transcribed] {heard}".strip()
+            text = f"{text}\n[{(item.attachment.spoken or Spoken.AUDIO).label}, transcribed] {words}".strip()
         elif item.attachment is not None:
-            part = await _download(bot, item.attachment, max_file_mb * 1024 * 1024)
+            cap = max_file_mb * 1024 * 1024
+            part: dict[str, Any] | str | None = media.part(item.attachment, cap) if media is not None else None
+            if part is None:
+                part = await _download(bot, item.attachment, cap)
+                if media is not None and isinstance(part, dict):
+                    media.keep_part(item.attachment, cap, part)
             if isinstance(part, dict):
                 files.append(part)
             else:
@@ -113,7 +146,7 @@ def framed(reply: Reply) -> str:
                      for i, line in enumerate(lines))
 
 
-class TooBig(Exception):
+class TooBig(BridgeError):
     pass
 
 

@@ -31,9 +31,9 @@ from ..storage.payloads import InputAnswer, Kind, PromptButton, QueuedMessage, d
 from ..storage.store import Chat, CompactPhase
 from ..telegram.sender import Typing
 from ..telegram.texts import number, t
-from . import albums, draftids, speak
+from . import albums, draftids, notewrites, owners, speak
 from .compaction import Answer, Compaction
-from .delivery import GONE, Lost, Unheard, send
+from .delivery import Lost, Unheard, send
 from .endings import lose, say_unheard
 from .live import Draft, progress_line
 from .services import Services, Slot
@@ -71,6 +71,7 @@ class BusyPeriod:
         self.turn_ended = False
         self.prompted = False
         self.measurement: int | None = None
+        self.first_measurement: int | None = None  # a compaction's "after" (seed 004)
         self.compaction = Compaction(s, inbox, chat) if chat.kind is Kind.COMPACT else None
         self.progress = time.monotonic()
         timeout = s.settings.busy_timeout
@@ -78,7 +79,7 @@ class BusyPeriod:
             # The time since the last persisted progress counts (a restart does not reset it), but
             # a resumed consumer always gets a moment to read what eve wrote meanwhile.
             grace = min(timeout, RESUME_GRACE)
-            self.progress -= max(0.0, min(timeout - grace, time.time() - chat.progress_at))
+            self.progress -= s.transitions.spent(chat.progress_at, limit=timeout - grace)  # F9: no step counts
         self.typing: Typing | None = None
         self.waiting_input = chat.waiting_input
         self.answered = False  # the person answered the open question: eve must go on now
@@ -221,7 +222,7 @@ class BusyPeriod:
             if item is _STREAM_END:
                 await self._lose("eve closed the session stream")
                 return
-            if isinstance(item, GONE):
+            if isinstance(item, eve.SessionGone):
                 await self._lose(str(item))
                 return
             if isinstance(item, eve.EveError):
@@ -238,28 +239,49 @@ class BusyPeriod:
                 self.reader = asyncio.create_task(self._reader(), name=f"stream:{self.address}")
                 continue
             assert isinstance(item, eve.Event)
-            self.progress = time.monotonic()
-            self.cursor = item.index + 1
-            if isinstance(item, eve.SessionCompleted | eve.SessionFailed):
-                await self._lose(item.type)
+            if await self._apply(item):
                 return
-            try:
-                if self.compaction is not None:
-                    done = await self.compaction.on_event(item, self.cursor)
-                    self._sync_claim()
-                else:
-                    done = await self._on_turn_event(item)
-            except BAD_EVENT:
-                # F6: an event we cannot take (a field of a shape no handler expects) is logged
-                # and skipped: its transaction rolled back, the next effect moves the cursor past
-                # it. Replaying it after a restart skips it again; it never wedges the chat.
-                # Faults of the database, eve or Telegram are not in BAD_EVENT: they propagate
-                # and the worker retries from the cursor.
-                METRICS.eve_errors.labels(kind="event").inc()
-                logger.exception("eve_event_skipped", type=item.type, index=item.index, event_id=item.id)
-                continue
-            if done:
-                return
+
+    async def _apply(self, item: eve.Event) -> bool:
+        """One event of eve's stream. True when this busy period ended."""
+        if item.index < self.cursor:
+            return False  # applied already (read ahead of the stream)
+        self.progress = time.monotonic()
+        self.cursor = item.index + 1
+        if isinstance(item, eve.SessionCompleted | eve.SessionFailed):
+            await self._lose(item.type)
+            return True
+        try:
+            if self.compaction is not None:
+                done = await self.compaction.on_event(item, self.cursor)
+                self._sync_claim()
+                return done
+            return await self._on_turn_event(item)
+        except BAD_EVENT:
+            # F6: an event we cannot take (a field of a shape no handler expects) is logged
+            # and skipped: its transaction rolled back, the next effect moves the cursor past
+            # it. Replaying it after a restart skips it again; it never wedges the chat.
+            # Faults of the database, eve or Telegram are not in BAD_EVENT: they propagate
+            # and the worker retries from the cursor.
+            METRICS.eve_errors.labels(kind="event").inc()
+            logger.exception("eve_event_skipped", type=item.type, index=item.index, event_id=item.id)
+            return False
+
+    async def _read_ahead(self) -> bool:
+        """C6: a message came while we watch a released compaction. eve may have announced it
+        already, in what the open stream has not brought yet: read eve's stream to its tail
+        and apply it up to the announcement. True when it was announced (the chat is taken
+        again: the message waits for the compaction and hears the C3 notice)."""
+        try:
+            page = await self.s.eve.read(self.session, self.cursor)
+        except eve.EveError:
+            return False  # the stream decides, as before
+        for event in page.events:
+            if await self._apply(event):
+                return False
+            if isinstance(event, eve.CompactionRequested):
+                return self.compaction is not None and not self.compaction.released
+        return False
 
     def _sync_claim(self) -> None:
         if self.compaction is not None:
@@ -326,6 +348,7 @@ class BusyPeriod:
                 usage = event.usage
                 if usage is not None and usage.input_tokens is not None:
                     self.measurement = usage.input_tokens
+                    self.first_measurement = self.first_measurement or usage.input_tokens
                 if usage is not None:
                     self.usage[0] += 1
                     self.usage[1] += usage.input_tokens or 0
@@ -433,9 +456,11 @@ class BusyPeriod:
             parked = await s.transitions.park(
                 self.address, claim, cursor=self.cursor, measurement=self.measurement, threshold=s.threshold(),
                 may_compact=not s.requests.outstanding(self.address), announced=self.announced,
+                first=self.first_measurement,
             )
             await self._commit_spend()
             chat = parked.chat
+            told = await notewrites.tell_writes(s, chat, claim, parked.inflight)  # seed 000: every write visible
             if parked.after_before is not None and parked.decision.after is not None:
                 await s.outbox.say(chat, f"after:{self.cursor}:{chat.claim}",
                                    t("compact_after", chat.compact_lang or chat.lang, after=number(parked.decision.after),
@@ -446,6 +471,8 @@ class BusyPeriod:
                     **parked.decision.updates)
         if parked.after_before is not None:
             await s.outbox.flush(self.address)
+        if told is not None:
+            await s.outbox.flush(told)
         if chat.owner_turn and s.rebuilder is not None and s.rebuilder.wanted(self.address):
             # N7: after the turn, beside the compaction, never in front of the reply (sent already).
             s.spawn(s.rebuilder.maybe_run(self.address))
@@ -497,9 +524,14 @@ class BusyPeriod:
         if c is not None:
             if c.released:
                 # While we only watch, a message (or a /compact that took the free chat) ends the
-                # watch: the worker takes it from here; eve's compaction events then show up in
-                # that consumer's stream.
-                return chat.busy or bool(await self.s.queue.depth(self.address))
+                # watch — unless eve announced the compaction meanwhile: the worker takes it from
+                # here; eve's later compaction events then show up in that consumer's stream.
+                if chat.busy:
+                    return True
+                if not await self.s.queue.depth(self.address):
+                    return False
+                if not await self._read_ahead():
+                    return True
             if self.s.settings.turn_policy == "immediate" and await pushed.person_depth(self.s.store.db, self.address):
                 await c.interrupt()  # C4 (a pushed turn waits for the compaction instead)
             return False
@@ -607,16 +639,18 @@ class BusyPeriod:
         limit = s.settings.batch_size
         claimed = await s.queue.claim(self.address, limit=limit + albums.LOOKAHEAD, claim=steer)
         claimed = await pushed.unsteered(s.queue, claimed, claim=steer)  # W1: never steered into a turn
+        if s.notebook is not None:  # N1: the notebook rides one kind of turn; the other kind waits
+            claimed = await owners.own_kind(s.queue, claimed, owner_turn=chat.owner_turn, claim=steer)
         if not claimed:
             return False
         # An album steers whole, once settled (I3): a part arriving alone waits for the rest.
-        taken = albums.cut(claimed, [decode(m.payload) for m in claimed], await s.queue.queued(self.address),
-                           limit=limit, now=time.time(), started=s.transitions.album_clock())
+        taken = s.transitions.album_cut(claimed, [decode(m.payload) for m in claimed],
+                                        await s.queue.queued(self.address), limit=limit)
         if taken.take < len(claimed):
             await s.queue.nack([m.id for m in claimed[taken.take:]], claim=steer)
             claimed = claimed[:taken.take]
         if taken.wait_until is not None:
-            asyncio.get_running_loop().call_later(max(0.0, taken.wait_until - time.time()),
+            asyncio.get_running_loop().call_later(max(0.0, taken.wait_until - s.transitions.mono()),
                                                   self.inbox.put_nowait, POKE)
             return False
         answers = [m for m in claimed if isinstance(decode(m.payload), InputAnswer)]
@@ -627,7 +661,7 @@ class BusyPeriod:
                     {"requestId": a.request_id, "optionId": a.option_id}
                     for a in (decode(m.payload) for m in answers) if isinstance(a, InputAnswer)
                 ])
-            except GONE as exc:
+            except eve.SessionGone as exc:
                 await s.queue.nack([m.id for m in answers], claim=steer)
                 await lose(s, self.address, claim, str(exc))
                 return True

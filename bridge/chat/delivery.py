@@ -11,26 +11,24 @@ import structlog
 import eve_client as eve
 
 from .. import log
+from ..errors import BridgeError
 from ..push import turns as pushed
 from ..storage.payloads import Queued, QueuedMessage, decode
-from .compose import Composed, compose
+from .compose import Composed, compose, hear
 from .endings import say_unheard
 from .services import Services
 from .transcribe import Transcriber
 
-__all__ = ["GONE", "Lost", "Unheard", "send"]
+__all__ = ["Lost", "Unheard", "send"]
 
 logger = log.get("bridge.chat.delivery")
 
-# eve no longer has the session (or it cannot go on): the busy period ends with the reset mark.
-GONE = (eve.SessionNotFound, eve.SessionNotActive, eve.SessionStranded, eve.SessionExpired)
 
-
-class Lost(Exception):
+class Lost(BridgeError):
     """The eve session is gone, stranded or stuck: free the chat with the reset mark."""
 
 
-class Unheard(Exception):
+class Unheard(BridgeError):
     """Nothing is left to send: the messages are recordings without a transcript (I4). The
     caller ends them — each sender told in one line — in the same commit as their end."""
 
@@ -44,10 +42,14 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
     """Deliver to eve; a session eve no longer knows is replaced once, transparently (a steer
     cannot be: its turn is in the old session). The turn is composed once, before: its files
     fetched, its recordings transcribed (in this worker, never in ingest's loop)."""
+    # I4: the recordings heard first, without a file slot (a transcriber may take a while).
+    heard = await hear(s.sender.bot, items, max_file_mb=s.settings.max_file_mb,
+                       transcriber=Transcriber.from_settings(s.settings), media=s.media)
     async with contextlib.AsyncExitStack() as held:
-        if any(isinstance(i, QueuedMessage) and i.attachment is not None for i in items):
+        if any(isinstance(i, QueuedMessage) and i.attachment is not None and not i.attachment.transcribe
+               for i in items):
             await held.enter_async_context(s.files)  # the files of at most FILE_TURNS turns in memory at once
-        composed = await _compose(s, address, items)
+        composed = await _compose(s, address, items, heard)
         for _ in range(3):
             # An edit while the turn was put together (a file fetched, a recording transcribed)
             # replaced the words on the record: eve gets the corrected ones (I2, edits.py).
@@ -56,14 +58,14 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
                 break
             logger.info("turn_recomposed_after_edit")
             items = now
-            composed = await _compose(s, address, items)
+            composed = await _compose(s, address, items, heard)
         for attempt in (1, 2):
             session = await _ensure_session(s, address, claim)
             context, marks = await _state_block(s, address, policy)
             context, told = await pushed.context(s.store.db, address, items, context, steer=policy == "steer")
             try:
                 delivery = await s.eve.send(session, composed.message, turn_policy=policy, client_context=context)
-            except GONE as exc:
+            except eve.SessionGone as exc:
                 if attempt == 2 or policy == "steer":
                     raise Lost(str(exc)) from exc
                 logger.warning("eve_session_replaced", reason=str(exc))
@@ -73,6 +75,7 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
             await s.transitions.delivered(address, claim, delivery.delivery_id, marks, steered=steered,
                                           steer_claim=steer_claim)
             await pushed.told(s.store.db, address, told)  # W5: eve has heard of them
+            s.media.forget(items)  # kept across an outage's retries until now (media.py)
             return delivery
     raise AssertionError("unreachable")
 
@@ -84,11 +87,12 @@ async def _as_recorded(s: Services, address: str, claim: str, ids: Sequence[int]
     return [decode(m.payload) for m in rows] if len(rows) == count else None
 
 
-async def _compose(s: Services, address: str, items: Sequence[Queued]) -> Composed:
+async def _compose(s: Services, address: str, items: Sequence[Queued],
+                   heard: dict[str, str | None] | None = None) -> Composed:
     """The turn for eve. Recordings left out (no transcript) are answered now, once each (keyed
     by the message), and the rest goes on; when nothing is left, :class:`Unheard`."""
     composed = await compose(s.sender.bot, items, max_file_mb=s.settings.max_file_mb,
-                             transcriber=Transcriber.from_settings(s.settings))
+                             transcriber=Transcriber.from_settings(s.settings), media=s.media, heard=heard)
     if composed.unheard and not composed.message:
         raise Unheard(composed.unheard)
     if composed.unheard:

@@ -46,10 +46,13 @@ async def lose(s: Services, address: str, claim: str | None, reason: str, *, ans
     await s.outbox.flush(address)
 
 
-async def fail_turn(s: Services, address: str, claim: str, reason: str) -> None:
-    """eve refused the message itself: say so, free the chat."""
+async def fail_turn(s: Services, address: str, claim: str, reason: str, *, dead: str | None = None) -> None:
+    """eve refused the message itself: say so, free the chat. ``dead``: the messages were given up
+    on (F6), kept for `iva status --dead` with that reason."""
     async with s.store.db.transaction():
         chat, inflight = await s.transitions.fail_turn(address, claim)
+        if dead is not None:
+            await s.store.bury(address, inflight, dead)
         replied = [m for m in map(decode, (m.payload for m in inflight)) if isinstance(m, QueuedMessage)]
         line = await failed_line(s.queue, chat, inflight, reason)
         await s.outbox.say(chat, f"failed:{chat.claim}", line or t("turn_failed", chat.lang, reason=reason),

@@ -1,7 +1,9 @@
 """Parking-lot compaction: the decisions, kept apart from the machinery (SPEC §4, seed 004).
 
 After a finished turn the parking handler measures (input tokens of the turn's last step that
-reported usage) and compares with the threshold. It compacts through eve's own route, holding
+reported usage) and compares with the threshold. A compaction's "after" is the next turn's first
+step that reports usage (seed 004: "«стало» из первого измеренного входа следующего хода"): a
+tool-using turn grows from there with its tool output, which the compaction did not fail to fold. It compacts through eve's own route, holding
 the chat with the same busy status as a turn. A compaction that did not bring the next
 measurement under the threshold disables parking compaction for the rest of the session (C8);
 a failed one backs off before the next try, so a broken summarizer never loops (LESSONS #4).
@@ -13,13 +15,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..notebook import rules
 from ..storage.store import Chat
 
 __all__ = ["COOLDOWN", "ParkingDecision", "cooldown", "in_turn_threshold", "parking_decision", "threshold"]
 
 COOLDOWN = (60.0, 300.0, 900.0)  # seconds before the next auto try, by failures in a row
-IN_TURN_PERCENT = 0.75
-IN_TURN_CEILING = 137_500
 
 
 def threshold(window: int | None, percent: int, ceiling: int) -> int:
@@ -27,9 +28,9 @@ def threshold(window: int | None, percent: int, ceiling: int) -> int:
     return min(window * percent // 100, ceiling) if window else ceiling
 
 
-def in_turn_threshold(window: int) -> int:
+def in_turn_threshold(window: int, percent: float | None = None) -> int:
     """eve's own in-turn safety net, a quarter above ours: min(75% × window, 137 500) (C9)."""
-    return min(int(window * IN_TURN_PERCENT), IN_TURN_CEILING)
+    return rules.in_turn_threshold(window, percent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +40,10 @@ class ParkingDecision:
     after: int | None = None  # the "after" size of the previous compaction, now known
 
 
-def parking_decision(chat: Chat, measurement: int | None, limit: int, *, now: float | None = None) -> ParkingDecision:
-    """What the parking handler does with this turn's measurement."""
+def parking_decision(chat: Chat, measurement: int | None, limit: int, *, first: int | None = None,
+                     now: float | None = None) -> ParkingDecision:
+    """What the parking handler does with this turn's measurement (its last step's input);
+    ``first`` is the turn's first measured input, the "after" of a compaction before it."""
     now = time.time() if now is None else now
     updates: dict[str, Any] = {}
     after = None
@@ -49,9 +52,9 @@ def parking_decision(chat: Chat, measurement: int | None, limit: int, *, now: fl
     disabled = chat.compaction_disabled
     if chat.after_pending:
         # The first measurement after a compaction: did it bring us under the threshold (C8)?
-        after = measurement
-        updates.update(after_pending=0, last_after=measurement)
-        if measurement >= limit:
+        after = measurement if first is None else first
+        updates.update(after_pending=0, last_after=after)
+        if after >= limit:
             updates["compaction_disabled"] = 1
             disabled = True
     if disabled or measurement < limit:

@@ -4,6 +4,7 @@ goes to the same consumer from its saved cursor (R2): one procedure for turns an
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 import eve_client as eve
@@ -15,7 +16,7 @@ from ..storage.payloads import Kind, Origin, decode
 from ..storage.store import Chat, CompactPhase
 from ..telegram.texts import t
 from .consumer import BusyPeriod
-from .delivery import GONE, Lost, Unheard, send
+from .delivery import Lost, Unheard, send
 from .endings import fail_turn, lose, unheard
 from .services import Services, Slot
 
@@ -41,7 +42,7 @@ async def resume(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
     if not chat.deliveries:
         try:
             page = await s.eve.read(chat.eve_session, chat.cursor)
-        except GONE as exc:
+        except eve.SessionGone as exc:
             await lose(s, chat.address, chat.claim, str(exc))
             return
         if not any(isinstance(e, eve.TurnStarted | eve.MessageReceived) for e in page.events):
@@ -54,10 +55,15 @@ async def resume(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
                 await s.transitions.fail_turn(chat.address, chat.claim)
                 logger.info("stopped_before_sent", messages=[m.id for m in inflight])
                 return
-            tried = max((m.attempts for m in inflight if m.claim == chat.claim), default=0)
-            if tried >= s.settings.send_attempts:
-                logger.error("eve_send_given_up", attempts=tried, messages=[m.id for m in inflight])
-                await fail_turn(s, chat.address, chat.claim, t("eve_server_error", chat.lang))
+            mine = [m for m in inflight if m.claim == chat.claim]
+            tried = max((m.attempts for m in mine), default=0)
+            age = time.time() - min((m.enqueued_at for m in mine), default=time.time())
+            # A cap by attempts or by age, either one (a message eve fails on slowly, each try
+            # far apart, must not hold the chat for ever); an outage is never counted (R6).
+            if tried >= s.settings.send_attempts or (tried and age >= s.settings.send_max_age):
+                logger.error("eve_send_given_up", attempts=tried, age_s=round(age), messages=[m.id for m in inflight])
+                await fail_turn(s, chat.address, chat.claim, t("eve_server_error", chat.lang),
+                                dead=f"eve failed on it {tried}x" + (f" over {round(age)}s" if tried < s.settings.send_attempts else ""))
                 return
             events = page.events
             if events and (not isinstance(events[-1], eve.SessionWaiting)
@@ -131,7 +137,7 @@ async def _resume_compaction(s: Services, inbox: asyncio.Queue[object], chat: Ch
         return
     try:
         page = await s.eve.read(chat.eve_session, chat.cursor)
-    except GONE as exc:
+    except eve.SessionGone as exc:
         await lose(s, chat.address, chat.claim, str(exc))
         return
     if any(isinstance(e, eve.CompactionRequested) for e in page.events):

@@ -17,6 +17,7 @@ from ..people import People
 from ..storage.store import Store
 from ..telegram.sender import Sender
 from . import parking
+from .media import Media
 from .outbox import Outbox
 from .transitions import Transitions
 
@@ -109,6 +110,7 @@ class Services:
     # Turns whose files are in memory at once (each at most TURN_FILES_MB, about 3.5 copies while
     # encoded and sent): the bridge's memory stays bounded however many albums arrive.
     files: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(FILE_TURNS))
+    media: Media = field(default_factory=Media)  # a turn's parts and transcripts, kept until eve has it
 
     def threshold(self) -> int:
         s = self.settings

@@ -27,6 +27,7 @@ from aiogram.types import BufferedInputFile
 
 from .. import log
 from ..config import Settings
+from ..errors import BridgeError
 from ..storage.payloads import QueuedMessage, Spoken, decode
 from ..telegram.render import render
 from .services import Services
@@ -41,7 +42,7 @@ MAX_TEXT = 20_000  # characters of an answer read aloud
 MAX_STDERR = 2000
 
 
-class SpeakFailed(Exception):
+class SpeakFailed(BridgeError):
     """No voice for an answer: ``outcome`` for the log, the message says why."""
 
     def __init__(self, outcome: str, detail: str) -> None:

@@ -26,6 +26,7 @@ from pathlib import PurePath
 
 from .. import log
 from ..config import Settings
+from ..errors import BridgeError
 from ..metrics import METRICS
 
 __all__ = ["TranscribeFailed", "Transcriber"]
@@ -39,7 +40,7 @@ _CHUNK = 64 * 1024
 _HIDDEN = ("NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC")
 
 
-class TranscribeFailed(Exception):
+class TranscribeFailed(BridgeError):
     """A recording has no transcript: ``outcome`` for the metric, the message for the log."""
 
     def __init__(self, outcome: str, detail: str) -> None:

@@ -19,7 +19,7 @@ Preconditions come in two sorts:
 from __future__ import annotations
 
 import enum
-import time
+import sqlite3
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,8 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from diskqueue import DiskQueue, Message, State
 
+from .. import log
+from ..clock import CLOCK, Clock
+from ..errors import BridgeError
 from ..push import turns as pushed
-from ..storage.payloads import InputAnswer, Kind, Origin, PushedTurn, QueuedMessage, decode
+from ..storage.payloads import InputAnswer, Kind, Origin, PushedTurn, Queued, QueuedMessage, decode
 from ..storage.store import CancelMark, Chat, ChatStatus, CompactPhase, Store
 from . import albums, draftids, parking
 
@@ -48,6 +51,8 @@ __all__ = [
     "state_of",
 ]
 
+logger = log.get("bridge.chat.transitions")
+
 
 class ChatState(enum.StrEnum):
     """The states of the diagram in :mod:`bridge.chat`, as read from a record."""
@@ -64,7 +69,7 @@ def state_of(chat: Chat) -> ChatState:
     return ChatState.RELEASED if chat.compact_phase is CompactPhase.RELEASED else ChatState.IDLE
 
 
-class IllegalTransition(Exception):
+class IllegalTransition(BridgeError):
     """The transition is not defined from the chat's current state."""
 
 
@@ -83,6 +88,13 @@ FRESH_SESSION: Mapping[str, Any] = {
     "compact_failures": 0,
     "compact_retry_at": None,
 }
+
+def _fresh(chat: Chat) -> dict[str, Any]:
+    """FRESH_SESSION, and the notebook's marks of the new window (N6, seed 000): the wrap-up
+    invitation is armed again, and no "just compacted" nudge speaks of a summary that belonged to
+    the session left behind."""
+    return {**FRESH_SESSION, "notes_nudged_upto": chat.compactions, "wrap_nudged_upto": -1}
+
 
 # busy → idle: what a free chat carries.
 _IDLE: Mapping[str, Any] = {
@@ -144,20 +156,49 @@ class Transitions:
     store: Store
     queue: DiskQueue
     notebook: Notebook | None = None
-    clock: Any = field(default=time.time)
+    clock: Any = field(default=CLOCK.now)  # the wall time written (steady: F9, bridge/clock.py)
     # When ingest caught up with what Telegram held at this start (an album's settling counts from
-    # then, so a part redelivered after a restart joins its album); None until then.
+    # then, so a part redelivered after a restart joins its album); None until then. Monotonic.
     started_at: float | None = None
+    steady: Clock = field(default=CLOCK)  # deadlines (monotonic) and elapsed times across a restart
+    previous_anchor: str | None = None  # the clock anchor the last process left (read at start)
+    _arrived: dict[int, float] = field(default_factory=dict)  # queue row → its arrival, monotonic
+
+    def mono(self) -> float:
+        return self.steady.mono()
 
     def caught_up(self) -> None:
         """Ingest has what Telegram held at this start (the first poll's batch, or the webhook set)."""
         if self.started_at is None:
-            self.started_at = self.clock()
+            self.started_at = self.mono()
 
     def album_clock(self) -> float:
         """Where an album's settling may start at the earliest: after catching up (until then, now:
-        an album waits and looks again)."""
-        return self.started_at if self.started_at is not None else self.clock()
+        an album waits and looks again). Monotonic."""
+        return self.started_at if self.started_at is not None else self.mono()
+
+    def arrived(self, row: Message) -> float:
+        """F9: when a queued part arrived, on the monotonic clock: its ``enqueued_at`` (wall time,
+        it survives a restart) read once and never put in the future — after the wall clock
+        stepped back an hour, an album settles as usual instead of waiting the hour."""
+        at = self._arrived.get(row.id)
+        if at is None:
+            at = self.mono() - max(0.0, self.clock() - row.enqueued_at)
+            if len(self._arrived) > 4096:  # the parts of albums long gone
+                self._arrived.clear()
+            self._arrived[row.id] = at
+        return at
+
+    def album_cut(self, claimed: Sequence[Message], items: Sequence[Queued], waiting: Sequence[Message], *,
+                  limit: int) -> albums.Cut:
+        """:func:`albums.cut` on the monotonic clock (its ``wait_until`` is a :meth:`mono` time)."""
+        return albums.cut(claimed, items, waiting, limit=limit, now=self.mono(), started=self.album_clock(),
+                          arrived=self.arrived)
+
+    def spent(self, stamp: float, *, limit: float) -> float:
+        """F9: seconds since a stamp this or the last process wrote, in ``[0, limit]``: exact within
+        one boot (the monotonic clock), so a forward step does not shorten a recovered turn."""
+        return self.steady.since(stamp, limit=limit, anchor=self.previous_anchor)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -229,8 +270,7 @@ class Transitions:
             if (alone := pushed.alone(items)) < len(messages):  # W1: a pushed turn is a turn of its own
                 await self.queue.nack([m.id for m in messages[alone:]], claim=claim)
                 messages, items = messages[:alone], items[:alone]
-            taken = albums.cut(messages, items, await self.queue.queued(address), limit=limit, now=self.clock(),
-                               started=self.album_clock())
+            taken = self.album_cut(messages, items, await self.queue.queued(address), limit=limit)
             if taken.take < len(messages):
                 await self.queue.nack([m.id for m in messages[taken.take:]], claim=claim)
                 messages, items = messages[:taken.take], items[:taken.take]
@@ -267,7 +307,7 @@ class Transitions:
                 # turn; the turn's end watches for it again (park).
                 fields.update(compact_phase=CompactPhase.RELEASED, origin=chat.origin)
             await self._write(address, **{
-                **_IDLE, **(FRESH_SESSION if session is None else {}), **fields,
+                **_IDLE, **(_fresh(chat) if session is None else {}), **fields,
                 "status": ChatStatus.BUSY, "kind": Kind.TURN, "claim": claim, "busy_since": now,
                 "progress_at": now, "reset_mark": False, "eve_session": session,
                 "cursor": chat.cursor if session else 0,
@@ -287,8 +327,8 @@ class Transitions:
     async def session_dropped(self, address: str, claim: str) -> None:
         """eve no longer knows the session: the turn goes on in a new one (all fresh)."""
         async with self.store.db.transaction():
-            await self._owned(address, claim, ChatState.TURN)
-            await self._write(address, FRESH_SESSION)
+            chat = await self._owned(address, claim, ChatState.TURN)
+            await self._write(address, _fresh(chat))
 
     async def delivered(self, address: str, claim: str, delivery_id: str | None,
                         marks: Mapping[str, int] | None = None, *, steered: Sequence[int] = (),
@@ -337,7 +377,7 @@ class Transitions:
     # -- the ways out of a turn --------------------------------------------------------------
 
     async def park(self, address: str, claim: str, *, cursor: int, measurement: int | None, threshold: int,
-                   may_compact: bool, announced: bool = False) -> Parked:
+                   may_compact: bool, announced: bool = False, first: int | None = None) -> Parked:
         """busy(turn) → idle, or straight into busy(compacting, auto) in the same commit (C1, C2);
         → released when a compaction released before this turn is still outstanding at eve and
         was not announced during it (C6: the consumer watches for it)."""
@@ -346,7 +386,7 @@ class Transitions:
             outstanding = chat.compact_phase is CompactPhase.RELEASED and not announced
             may_compact = may_compact and not outstanding  # C5: never a second request
             now = self.clock()
-            decision = parking.parking_decision(chat, measurement, threshold, now=now)
+            decision = parking.parking_decision(chat, measurement, threshold, first=first, now=now)
             inflight = await self._ack_inflight(chat)
             fields: dict[str, Any] = {**_IDLE, "cursor": cursor, "progress_at": now, "turns": chat.turns + 1,
                                       **decision.updates}
@@ -390,7 +430,7 @@ class Transitions:
         async with self.store.db.transaction():
             chat = await self._owned(address, claim, ChatState.TURN, ChatState.COMPACTING, ChatState.RELEASED)
             inflight = await self._ack_inflight(chat)
-            await self._write(address, _IDLE, FRESH_SESSION, reset_mark=True)
+            await self._write(address, _IDLE, _fresh(chat), reset_mark=True)
             return chat, inflight
 
     async def _ack_inflight(self, chat: Chat) -> list[Message]:
@@ -551,7 +591,7 @@ class Transitions:
                 raise IllegalTransition(f"{address}: no /new waits")
             inflight = await self.queue.inflight(address)
             await self.queue.ack([m.id for m in inflight])  # /new: what was in flight is done with
-            await self._write(address, _IDLE, FRESH_SESSION, reset_mark=False, reset_requested=False,
+            await self._write(address, _IDLE, _fresh(chat), reset_mark=False, reset_requested=False,
                               reset_reply_to=None, reset_dropped=0)
             return chat
 
@@ -570,5 +610,16 @@ class Transitions:
                     requeued += await self.queue.requeue_inflight(address)
             for address in await self.store.released_chats():
                 await self._write(address, _IDLE)
-            return requeued
+        await self._anchor_clock()
+        return requeued
+
+    async def _anchor_clock(self) -> None:
+        """F9: read the last process's clock anchor, leave ours — best effort (a full disk must
+        not stop the start: elapsed times then fall back to the clamped wall difference)."""
+        try:
+            self.previous_anchor = await self.store.clock_anchor()
+            async with self.store.db.transaction():
+                await self.store.set_people_meta("clock_anchor", self.steady.anchor())
+        except sqlite3.OperationalError as exc:
+            logger.warning("clock_anchor_not_written", error=str(exc))
 

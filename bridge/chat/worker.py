@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 
 import structlog
 
@@ -190,9 +189,9 @@ class ChatWorker:
             slot.give_back()
         # An album still arriving: look again once it settled, or sooner when poked (a new part,
         # /new); without the turn slot meanwhile.
-        logger.debug("album_settling", wait=round(claimed.at - time.time(), 3))
+        logger.debug("album_settling", wait=round(claimed.at - s.transitions.mono(), 3))
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(0.0, claimed.at - time.time())):
+            async with asyncio.timeout(max(0.0, claimed.at - s.transitions.mono())):  # F9: monotonic
                 await self._poked.wait()
         return True
 

@@ -16,10 +16,12 @@ from aiogram.exceptions import TelegramAPIError
 from aiogram.types import CallbackQuery, Message
 
 from .. import log
+from ..chat.notewrites import changes_line
 from ..chat.services import Services
 from ..chat.transitions import ChatState, state_of
 from ..people import Redeemed, Role, link
-from ..storage.payloads import Kind, PeopleButton, QueuedMessage, decode
+from ..storage.payloads import Kind, Origin, PeopleButton, QueuedMessage, decode
+from ..storage.store import Chat
 from ..telegram.texts import number, t
 from .addressing import Address
 from .reminders_command import pressed, reminders_command
@@ -84,13 +86,25 @@ class Commands:
     # -- /new -------------------------------------------------------------------------------
 
     async def new(self, message: Message, address: Address, lang: str, key: str) -> str:
-        """M7: the worker retires the session (cancelling what runs) and answers."""
+        """M7: the worker retires the session (cancelling what runs) and answers. In a group it
+        cancels a running turn and drops everyone's waiting messages: /stop's rule (an owner, or
+        a person the running turn answers; anyone while the chat is idle)."""
         addr, s = str(address), self.s
         async with s.store.db.transaction():
+            # The mark commits with the refusal or with the request: a redelivery does neither twice.
             if not await s.queue.remember(addr, {"kind": "command", "command": "new"}, dedupe_key=key):
                 return "duplicate"
-            await s.transitions.touch(addr, address.chat_id, address.thread_id, lang)
-            dropped = await s.transitions.request_new(addr, reply_to=message.message_id)
+            allowed = await self._may_interrupt(message, await s.store.chat(addr), addr)
+            if allowed:
+                await s.transitions.touch(addr, address.chat_id, address.thread_id, lang)
+                dropped = await s.transitions.request_new(addr, reply_to=message.message_id)
+            else:
+                await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", t("new_not_yours", lang),
+                                      reply_to=message.message_id, receiver=self._asker(message))
+        if not allowed:
+            logger.info("new_refused", user_id=message.from_user.id if message.from_user is not None else 0)
+            s.spawn(s.outbox.flush(addr))
+            return "command"
         logger.info("new_requested", dropped=dropped)
         self.scheduler.wake(addr)
         return "command"
@@ -111,8 +125,7 @@ class Commands:
             receiver = self._asker(message)  # S7: what only the asker needs, to them alone
             if chat is None or not chat.busy:
                 text = t("stop_nothing", lang)
-            elif not (message.chat.type == "private" or await s.people.is_owner(user)
-                      or (chat.kind is Kind.TURN and user in await self._askers(addr))):
+            elif not await self._may_interrupt(message, chat, addr):
                 text = t("stop_not_yours", lang)
             else:
                 stopped = await s.transitions.want_stop(addr)
@@ -125,6 +138,14 @@ class Commands:
         if stopped is not None:
             self.scheduler.wake(addr)
         return "command"
+
+    async def _may_interrupt(self, message: Message, chat: Chat | None, address: str) -> bool:
+        """/stop's and /new's rule: in private, or while the chat is idle, anyone who may talk;
+        in a group while it is busy, an owner or a person whose message the running turn answers."""
+        if message.chat.type == "private" or chat is None or not chat.busy:
+            return True
+        user = message.from_user.id if message.from_user is not None else 0
+        return await self.s.people.is_owner(user) or (chat.kind is Kind.TURN and user in await self._askers(address))
 
     @staticmethod
     def _asker(message: Message) -> int | None:
@@ -306,12 +327,15 @@ class Commands:
                     return "duplicate"
                 chat = await s.store.chat(addr)
                 captured = None
+                # "I'll say when it's done" only where it will be said: a /compact's compaction (an
+                # automatic one is silent, C11).
+                already = "compact_already" if chat is not None and chat.origin is Origin.MANUAL else "compact_already_auto"
                 if s.requests.outstanding(addr):
-                    text = t("compact_already", lang)  # C5: eve has not answered the last request yet
+                    text = t(already, lang)  # C5: eve has not answered the last request yet
                 elif chat is not None and state_of(chat) is ChatState.RELEASED:
-                    text = t("compact_already", lang)  # C5: eve may still start the released one
+                    text = t(already, lang)  # C5: eve may still start the released one
                 elif chat is not None and chat.busy:
-                    text = t("compact_already" if chat.kind is Kind.COMPACT else "compact_after_answer", lang)
+                    text = t(already if chat.kind is Kind.COMPACT else "compact_after_answer", lang)
                 elif (chat is None or not chat.eve_session or chat.reset_mark or chat.measurement is None
                       or chat.measurement < s.settings.manual_compact_min):
                     text = t("compact_nothing", lang)  # M2: small or unknown
@@ -365,40 +389,39 @@ class Commands:
 
     async def notes(self, message: Message, address: Address, lang: str, key: str, args: str) -> str:
         """N9 in Telegram: the owner lists the notebook with what changed since the last look, or
-        reads one note with its last change."""
+        reads one note with its last change. The answer commits with the dedupe mark (and the
+        look's mark), through the outbox: a crash after the mark still answers, once."""
         addr, s = str(address), self.s
-        if not await s.queue.remember(addr, {"kind": "command", "command": "notes"}, dedupe_key=key):
-            return "duplicate"
         notebook = s.notebook
         assert message.from_user is not None
         owner = await s.people.is_owner(message.from_user.id)
-        if notebook is None:
-            text = t("notes_off", lang)
-        elif not owner:
-            text = t("notes_owner_only", lang)
-        elif args:
-            text = await self._note_text(addr, args.split()[0].lower(), lang)
-        else:
-            text = await self._notebook_text(addr, lang)
-        if message.chat.type != "private" and notebook is not None and owner:
-            # A group's notebook is the owner's business: shown to them alone in the group (S7),
-            # or, where Telegram will not, in the owner's private chat.
-            s.spawn(self._notes_privately(message, address, lang, text))
-            return "command"
-        # Plain text: a note is shown as written, and a diff's "-"/"+" lines are not list bullets.
-        s.spawn(s.sender.say(address.chat_id, address.thread_id, text, reply_to=message.message_id, markdown=False,
-                             receiver=self._asker(message)))
+        async with s.store.db.transaction():
+            if not await s.queue.remember(addr, {"kind": "command", "command": "notes"}, dedupe_key=key):
+                return "duplicate"
+            if notebook is None:
+                text = t("notes_off", lang)
+            elif not owner:
+                text = t("notes_owner_only", lang)
+            elif args:
+                text = await self._note_text(addr, args.split()[0].lower(), lang)
+            else:
+                text = await self._notebook_text(addr, lang)
+            # Plain text: a note is shown as written, and a diff's "-"/"+" lines are not list bullets.
+            if message.chat.type != "private" and notebook is not None and owner:
+                # A group's notebook is the owner's business: shown to them alone in the group (S7),
+                # or, where Telegram will not, in the owner's private chat — never to the group.
+                title = message.chat.title or str(address.chat_id)
+                await s.store.put_outgoing(addr, f"re:{key}", address.chat_id, address.thread_id, text,
+                                           format="plain", reply_to=message.message_id,
+                                           receiver=message.from_user.id,
+                                           fallback={"private": f"{title}\n{text}",
+                                                     "sent": t("notes_sent_privately", lang),
+                                                     "unsent": t("notes_start_private", lang)})
+            else:
+                await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
+                                      reply_to=message.message_id, markdown=False, receiver=self._asker(message))
+        s.spawn(s.outbox.flush(addr))
         return "command"
-
-    async def _notes_privately(self, message: Message, address: Address, lang: str, text: str) -> None:
-        assert message.from_user is not None
-        if await self.s.sender.say(address.chat_id, address.thread_id, text, reply_to=message.message_id,
-                                   markdown=False, receiver=message.from_user.id, fallback=False):
-            return
-        title = message.chat.title or str(address.chat_id)
-        sent = await self.s.sender.say(message.from_user.id, None, f"{title}\n{text}", markdown=False)
-        note = t("notes_sent_privately" if sent else "notes_start_private", lang)
-        await self.s.sender.say(address.chat_id, address.thread_id, note, reply_to=message.message_id)
 
     async def _notebook_text(self, addr: str, lang: str) -> str:
         notebook = self.s.notebook
@@ -412,10 +435,14 @@ class Commands:
         changed = [n for n in notes if n not in new and seen is not None and n.updated_at > seen]
         lines = [t("notes_header", lang, n=len(notes), chars=sum(len(n.body) for n in notes),
                    mode=chat.notes_mode if chat else "inline", new=len(new), changed=len(changed))]
+        last = await notebook.last_turn(addr)  # seed 000: what the last turn wrote is marked
+        touched = {name for name, _ in last}
         for n in notes:
             mark = "🆕" if n in new else "✏️" if n in changed else "•"
             pin = " 📌" if n.pinned else ""
-            lines.append(f"{mark} {n.name}{pin} — {n.description}")
+            lines.append(f"{mark} {n.name}{pin} — {n.description}{' 📝' if n.name in touched else ''}")
+        if last:
+            lines.append(t("notes_last_turn", lang, what=changes_line(last, lang)))
         lines.append(t("notes_hint", lang))
         await notebook.mark_seen(addr)  # a look: every client shares this server-side mark
         return "\n".join(lines)

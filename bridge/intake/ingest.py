@@ -30,6 +30,7 @@ from aiogram.types import CallbackQuery, Message, Update, User
 from .. import backoff, log
 from ..chat.services import Services
 from ..chat.worker import Scheduler
+from ..clock import CLOCK
 from ..metrics import METRICS
 from ..people import Role
 from ..storage.payloads import (
@@ -82,6 +83,7 @@ class Ingest:
         self.offset: int | None = None
         self.last_poll_ok: float | None = None
         self.alive_at = time.monotonic()  # the loop went round (the watchdog reads it)
+        self.storage_error: str | None = None  # the last commit failed (disk, lock): /healthz says it
 
     async def leave_webhook(self) -> None:
         """O1: polling after webhook mode. A webhook still set makes getUpdates answer 409,
@@ -155,7 +157,7 @@ class Ingest:
                 await asyncio.sleep(wait)
                 continue
             failures = 0
-            self.last_poll_ok = time.time()
+            self.last_poll_ok = CLOCK.now()  # steady (F9): a forward step is not a stale poll
             if not updates and caught_up and time.monotonic() - asked < EMPTY_POLL_FLOOR:
                 # A server that answers a long poll at once (an emulator, a proxy) must not make
                 # us ask thousands of times a second.
@@ -199,6 +201,7 @@ class Ingest:
             try:
                 outcome = await self.handle(update)
                 METRICS.updates.labels(outcome=outcome).inc()
+                self.storage_error = None
                 return
             except sqlite3.DatabaseError as exc:
                 if corrupt(exc):
@@ -217,7 +220,12 @@ class Ingest:
                 attempt += 1
                 wait = backoff.COMMIT.delay(attempt)
                 logger.error("ingest_commit_failed", error=str(exc), wait=wait)
+                self.storage_error = str(exc)
                 await asyncio.sleep(wait)
+                # Waiting on storage is not a wedged loop (F2): the watchdog keeps being fed, so
+                # a full disk is not a restart every WatchdogSec (each resending what it could
+                # not record); a commit that hangs does not come back here and is still caught.
+                self.alive_at = time.monotonic()
             except (asyncio.CancelledError, StateCorrupt):
                 raise
             except Exception:

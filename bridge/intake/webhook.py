@@ -39,6 +39,7 @@ from aiogram.types import Update
 from aiohttp import web
 
 from .. import backoff, log
+from ..clock import CLOCK
 from ..metrics import METRICS
 from ..storage.state import StateCorrupt
 from .ingest import ALLOWED_UPDATES
@@ -63,7 +64,7 @@ class WebhookStatus:
     """The last getWebhookInfo answer, as /healthz reports it."""
 
     def __init__(self) -> None:
-        self.checked_at: float | None = None  # time.time() of the last answer
+        self.checked_at: float | None = None  # steady time (bridge/clock.py) of the last answer
         self.url: str | None = None
         self.pending_update_count: int | None = None
         self.last_error_message: str | None = None
@@ -86,7 +87,7 @@ class WebhookStatus:
 
 class Webhook:
     def __init__(self, ingest: Ingest, *, url: str, secret: str, listen: str,
-                 commit_wait: float = COMMIT_WAIT) -> None:
+                 commit_wait: float = COMMIT_WAIT, retry: backoff.Backoff = backoff.WEBHOOK) -> None:
         self.ingest = ingest
         self.bot = ingest.bot
         self.url = url
@@ -95,7 +96,9 @@ class Webhook:
         host, _, port = listen.rpartition(":")
         self.host, self.port = host.strip("[]"), int(port)
         self.commit_wait = commit_wait
+        self.retry = retry  # a busy port or a refused setWebhook: tried again, slowly
         self.status = WebhookStatus()
+        self.delivered_at: float | None = None  # steady time of the last delivery taken (/metrics)
         self._order = asyncio.Lock()  # commits one at a time, in arrival order
         self._inflight: dict[int, tuple[asyncio.Task[None], float]] = {}  # update id → (commit, started)
         self._fatal: asyncio.Future[BaseException] | None = None
@@ -129,6 +132,16 @@ class Webhook:
         if all(now - started < STUCK_AFTER for _, started in self._inflight.values()):
             self.ingest.alive_at = now
 
+    async def _wait(self, seconds: float) -> None:
+        """A retry's wait that feeds the watchdog: a port held by another process or a URL
+        Telegram refuses is the operator's to fix, not a wedged loop a restart would cure (a
+        restart only fails the same way, every two minutes)."""
+        until = time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0:
+            self._tick()
+            await asyncio.sleep(min(TICK, left))
+        self._tick()
+
     async def _serve(self) -> None:
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post(self.path, self.receive)
@@ -143,8 +156,10 @@ class Webhook:
             except OSError as exc:
                 # Nothing can arrive without it; keep trying (a port still held by the old process).
                 failures += 1
-                logger.error("webhook_listen_failed", host=self.host, port=self.port, error=str(exc))
-                await asyncio.sleep(backoff.STARTUP.delay(failures))
+                wait = self.retry.delay(failures)
+                logger.error("webhook_listen_failed", host=self.host, port=self.port, error=str(exc),
+                             wait=round(wait, 2))
+                await self._wait(wait)
 
     async def _set(self) -> None:
         """setWebhook: our URL and secret, the polling loop's update types, one connection (order),
@@ -158,7 +173,7 @@ class Webhook:
                 logger.info("telegram_webhook_set", url=self.url)
                 return
             except TelegramRetryAfter as exc:
-                await asyncio.sleep(exc.retry_after)
+                await self._wait(exc.retry_after)
                 continue
             except (TelegramNetworkError, TelegramServerError) as exc:
                 error = str(exc)
@@ -167,9 +182,9 @@ class Webhook:
                 # operator fixes it; /healthz and `iva check` say so too. Keep trying, slowly.
                 error = exc.message
             failures += 1
-            wait = backoff.STARTUP.delay(failures)
+            wait = self.retry.delay(failures)
             logger.error("telegram_webhook_set_failed", url=self.url, error=error[:300], wait=round(wait, 2))
-            await asyncio.sleep(wait)
+            await self._wait(wait)
 
     async def check(self) -> None:
         """getWebhookInfo into :attr:`status` (never raises but for cancellation)."""
@@ -182,7 +197,7 @@ class Webhook:
             logger.warning("telegram_webhook_info_failed", error=self.status.check_error)
             return
         status = self.status
-        status.checked_at = time.time()
+        status.checked_at = CLOCK.now()
         status.check_error = None
         status.url = info.url
         status.pending_update_count = info.pending_update_count
@@ -205,7 +220,9 @@ class Webhook:
     # -- one delivery -----------------------------------------------------------------------
 
     async def receive(self, request: web.Request) -> web.Response:
-        given = request.headers.get(SECRET_HEADER, "").encode()
+        # A header's bytes that are not UTF-8 arrive as surrogate escapes: compared as the bytes
+        # they were (a wrong secret, 401), never an encoding error (a 500 with a traceback).
+        given = request.headers.get(SECRET_HEADER, "").encode("utf-8", "surrogateescape")
         if not hmac.compare_digest(given, self.secret):
             logger.warning("webhook_unauthorized", peer=request.remote, secret_given=bool(given))
             return web.Response(status=401, text="unauthorized")
@@ -242,6 +259,7 @@ class Webhook:
             return web.Response(status=503, text="not stored yet")
         except StateCorrupt:
             return web.Response(status=503, text="state unavailable")  # the bridge is stopping
+        self.delivered_at = CLOCK.now()
         return web.Response(status=200)
 
     def _commit(self, update: Update) -> asyncio.Task[None]:

@@ -27,6 +27,7 @@ import time
 import eve_client as eve
 
 from .. import log
+from ..errors import BridgeError
 from ..storage.store import Store
 from .rules import needs_rebuild, rebuild_prompt, totals, validate_rebuild
 from .service import Notebook
@@ -70,7 +71,8 @@ class Rebuilder:
             return "skipped"
         notes = await self.notebook.notes(address)
         version = chat.notes_version
-        if not needs_rebuild(notes, self.notebook.limits) or chat.notes_rebuild_failed == version:
+        # Given up on this version (a failed rebuild), or held by a restore of it (its negative).
+        if not needs_rebuild(notes, self.notebook.limits) or chat.notes_rebuild_failed in (version, -version):
             return "not_needed"
         limits = self.notebook.limits
         context = await self._context(address)
@@ -165,7 +167,7 @@ class Rebuilder:
         return "\n".join(reversed(lines))
 
 
-class ToolUsed(Exception):
+class ToolUsed(BridgeError):
     """The rebuild's model called (or tried to call) a tool: the answer is void (S5)."""
 
     def __init__(self, event: str, tools: list[str]) -> None:

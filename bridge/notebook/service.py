@@ -33,7 +33,7 @@ from .rules import (
     window_line,
 )
 
-__all__ = ["DEFAULT_VIEWER", "Notebook", "NotebookConfig"]
+__all__ = ["DEFAULT_VIEWER", "Change", "Notebook", "NotebookConfig"]
 
 logger = log.get("bridge.notebook")
 
@@ -46,10 +46,23 @@ class NotebookConfig:
     connection: str = "notebook"  # the eve connection's name: tools reach the model as <connection>__<tool>
     texts: PressureTexts = field(default_factory=PressureTexts)
     limits: Limits = LIMITS
+    inturn_percent: float | None = None  # IVA_INTURN_PERCENT (N6′)
 
     @property
     def tool_prefix(self) -> str:
         return f"{self.connection}__"
+
+
+# What a model's turn did to a note, as told to the owner (seed 000: every write is visible).
+Change = tuple[str, str]  # (name, "new" | "changed" | "pinned" | "unpinned" | "deleted")
+
+
+def _merged(changes: list[Change], name: str, action: str) -> list[Change]:
+    """One entry per note, the latest action; a note born in this turn stays "new" until deleted."""
+    before = dict(changes)
+    if before.get(name) == "new" and action != "deleted":
+        action = "new"
+    return [(n, a) for n, a in changes if n != name] + [(name, action)]
 
 
 def _note(row: sqlite3.Row) -> Note:
@@ -138,6 +151,8 @@ class Notebook:
                     (description, body, int(pin), author, now, body, address, name),
                 )
             await self._bump(address)
+            if guard is not None:
+                await self._changed(guard, name, "new" if current is None else "changed")
             saved = await self.note(address, name)
         assert saved is not None
         if guard is not None:
@@ -146,7 +161,7 @@ class Notebook:
                     author=author, pinned=pin)
         return saved, current is None
 
-    async def set_pinned(self, address: str, name: str, pinned: bool) -> Note:
+    async def set_pinned(self, address: str, name: str, pinned: bool, *, guard: Chat | None = None) -> Note:
         async with self.db.transaction():
             current = await self.note(address, name)
             if current is None:
@@ -157,15 +172,19 @@ class Notebook:
                 await self.db.execute("UPDATE notes SET pinned = ?, updated_at = ? WHERE address = ? AND name = ?",
                                       (int(pinned), time.time(), address, name))
                 await self._bump(address)
+                if guard is not None:
+                    await self._changed(guard, name, "pinned" if pinned else "unpinned")
             note = await self.note(address, name)
         assert note is not None
         return note
 
-    async def delete(self, address: str, name: str) -> bool:
+    async def delete(self, address: str, name: str, *, guard: Chat | None = None) -> bool:
         async with self.db.transaction():
             gone = await self.db.execute("DELETE FROM notes WHERE address = ? AND name = ?", (address, name))
             if gone:
                 await self._bump(address)
+                if guard is not None:
+                    await self._changed(guard, name, "deleted")
         if gone:
             logger.info("note_deleted", address=address, note=name)
         return bool(gone)
@@ -183,9 +202,40 @@ class Notebook:
                     await self._archive(address, notes, "chat gone")
                 gone += await self.db.execute("DELETE FROM notes WHERE address = ?", (address,))
                 await self.db.execute("DELETE FROM notes_seen WHERE address = ?", (address,))
+                await self.db.execute("DELETE FROM notes_turn WHERE address = ?", (address,))
                 await self._bump(address)
         logger.info("chat_notes_deleted", chat_id=chat_id, notes=gone)
         return gone
+
+    # -- every write visible (seed 000) ----------------------------------------------------
+
+    async def _changed(self, guard: Chat, name: str, action: str) -> None:
+        """In the write's transaction: the model's turn (``guard.claim``) did ``action`` to ``name``."""
+        row = await self.db.fetchone("SELECT claim, changes FROM notes_turn WHERE address = ?", (guard.address,))
+        changes: list[Change] = []
+        if row is not None and row["claim"] == guard.claim:
+            changes = [(n, a) for n, a in json.loads(row["changes"])]
+        await self.db.execute(
+            "INSERT INTO notes_turn (address, claim, changes) VALUES (?, ?, ?) ON CONFLICT (address) "
+            "DO UPDATE SET claim = excluded.claim, changes = excluded.changes",
+            (guard.address, guard.claim or "", json.dumps(_merged(changes, name, action), ensure_ascii=False)),
+        )
+
+    async def turn_over(self, address: str, claim: str) -> list[Change]:
+        """The owner turn ``claim`` is over: what it changed (told once, with its answer). A turn
+        that changed nothing leaves nothing marked: the marks are the last turn's."""
+        row = await self.db.fetchone("SELECT claim, changes FROM notes_turn WHERE address = ?", (address,))
+        if row is not None and row["claim"] == claim:
+            return [(n, a) for n, a in json.loads(row["changes"])]
+        if row is not None:
+            await self.db.execute("UPDATE notes_turn SET claim = ?, changes = '[]' WHERE address = ?",
+                                  (claim, address))
+        return []
+
+    async def last_turn(self, address: str) -> list[Change]:
+        """What the last owner turn changed (``/notes`` marks it)."""
+        row = await self.db.fetchone("SELECT changes FROM notes_turn WHERE address = ?", (address,))
+        return [(n, a) for n, a in json.loads(row["changes"])] if row is not None else []
 
     # -- N7: the archive and the swap -------------------------------------------------------
 
@@ -242,6 +292,10 @@ class Notebook:
             records, _, _ = archived
             await self._archive(address, await self.notes(address), "restore")
             await self._replace(address, records)
+            # N7: the owner chose this notebook: no rebuild undoes it until it changes again (held
+            # as the negative of the version, apart from a failed rebuild's positive mark).
+            await self.db.execute("UPDATE chats SET notes_rebuild_failed = -notes_version WHERE address = ?",
+                                  (address,))
         logger.info("notes_restored", address=address, notes=len(records))
         return len(records)
 
@@ -272,7 +326,7 @@ class Notebook:
             Window(measurement=None if chat.reset_mark or not chat.eve_session else chat.measurement,
                    threshold=threshold, window=window, parking=not chat.compaction_disabled,
                    compactions=chat.compactions, nudged_upto=chat.notes_nudged_upto,
-                   wrapped_upto=chat.wrap_nudged_upto),
+                   wrapped_upto=chat.wrap_nudged_upto, inturn_percent=self.config.inturn_percent),
             self.config.texts, self.limits,
         )
         notes = await self.notes(chat.address)

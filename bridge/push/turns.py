@@ -29,6 +29,7 @@ from typing import Any
 from diskqueue import Database, DiskQueue, Message, State
 
 from .. import log
+from ..errors import BridgeError
 from ..storage.payloads import PushedTurn, Queued, decode
 from ..storage.pushes import PushStore
 from ..storage.store import Chat, Store
@@ -52,7 +53,7 @@ def iso(at: float | None) -> str | None:
     return None if at is None else datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
 
 
-class PushError(Exception):
+class PushError(BridgeError):
     """Bad input: ``field`` is at fault, the message says what to send instead."""
 
     def __init__(self, field: str, message: str, *, status: int = 400, code: str = "bad_field") -> None:

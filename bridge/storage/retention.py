@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from diskqueue import DiskQueue
 
 from .. import log
+from ..clock import CLOCK
 from .pushes import PushStore
 from .state import StateCorrupt, corrupt
 from .store import Store
@@ -64,7 +65,7 @@ async def prune(queue: DiskQueue, store: Store, *, days: float, now: float | Non
     """Delete what finished more than ``days`` before ``now``, ``batch`` rows per transaction."""
     if days < MIN_DAYS:
         raise ValueError(f"retention of {days} days is below the {MIN_DAYS}-day floor")
-    before = (time.time() if now is None else now) - days * DAY
+    before = (CLOCK.bounded() if now is None else now) - days * DAY  # F9: no forward step prunes more
     db = store.db
 
     async def queue_batch() -> int:
@@ -97,7 +98,7 @@ async def prune(queue: DiskQueue, store: Store, *, days: float, now: float | Non
 
 
 async def run(queue: DiskQueue, store: Store, *, days: int, interval: float = INTERVAL,
-              clock: Callable[[], float] = time.time) -> None:
+              clock: Callable[[], float] = CLOCK.bounded) -> None:
     """Prune at once, then every ``interval`` seconds, forever. A failure (a lock held for long,
     a full disk) is logged and tried again next time: retention never stops the bridge — except
     on a file SQLite finds corrupt, which stops it as anywhere else (:class:`StateCorrupt`, F2)."""

@@ -19,6 +19,7 @@ from pathlib import Path
 from diskqueue import Database, DatabaseError, DiskQueue
 
 from .. import backoff, log
+from ..errors import BridgeError
 from .store import Store
 
 __all__ = ["OpenedState", "StateCorrupt", "StateUnavailable", "corrupt", "open_state"]
@@ -29,12 +30,17 @@ OPEN_ATTEMPTS = 5
 _CORRUPT = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
-class StateUnavailable(Exception):
+class StateUnavailable(BridgeError):
     """The state database could not be used (locked, read-only, full, not permitted), and is
-    not corrupt: nothing was moved; the operator must look."""
+    not corrupt: nothing was moved; the operator must look. ``quarantined``: a corrupt file was
+    moved there and the fresh one could not be made (a full disk) — the owners must hear it."""
+
+    def __init__(self, message: str, *, quarantined: Path | None = None) -> None:
+        super().__init__(message)
+        self.quarantined = quarantined
 
 
-class StateCorrupt(Exception):
+class StateCorrupt(BridgeError):
     """SQLite found the state database corrupt while the bridge ran. Nothing more can be made
     durable: the bridge stops (exit 5) without confirming what it could not store, and the
     start-up check moves the file aside on the restart (Telegram redelivers what was lost)."""
@@ -115,5 +121,11 @@ async def open_state(path: Path, *, attempts: int = OPEN_ATTEMPTS,
             await asyncio.sleep(wait)
     target = _quarantine(path)
     logger.error("state_database_quarantined", path=str(path), moved_to=str(target), problem=problem)
-    db, queue, store = await _open(path, busy_timeout_ms)
+    try:
+        db, queue, store = await _open(path, busy_timeout_ms)
+    except (DatabaseError, sqlite3.DatabaseError) as exc:
+        # The file is aside, and the disk takes no fresh one: the next start finds no file and
+        # quarantines nothing, so this start is the one that can tell the owners (app.py).
+        logger.error("state_database_unavailable", path=str(path), error=str(exc), quarantined=str(target))
+        raise StateUnavailable(f"{path}: {exc}", quarantined=target) from exc
     return OpenedState(db, queue, store, target, problem)

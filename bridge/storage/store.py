@@ -13,18 +13,21 @@ import enum
 import json
 import sqlite3
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diskqueue import Database
+from diskqueue import Database, Message
 
+from ..errors import BridgeError
 from .payloads import Kind, Origin
 
-__all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "Outgoing",
-           "SchemaMismatch", "Store", "mint_pairing_code", "people_meta", "read_status"]
+__all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase", "Kind", "Origin", "OtherBot",
+           "Outgoing", "SchemaMismatch", "SchemaTooNew", "Store", "clear_dead", "mint_pairing_code", "owners_of",
+           "people_meta", "read_status"]
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 12
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -226,6 +229,39 @@ _MIGRATIONS: dict[int, str] = {
     );
     ALTER TABLE outbox ADD COLUMN receiver INTEGER
     """,
+    # What the state belongs to: the bot's id (a dedupe key names a chat and a message id, and
+    # another bot's message ids start over), written at the first start that knows it.
+    10: """
+    CREATE TABLE iva_meta (
+        key         TEXT PRIMARY KEY,
+        value       TEXT NOT NULL
+    )
+    """,
+    # An answer for one person in a group that must never fall back to the group (a notebook):
+    # where Telegram will not show it to them alone, their private chat, and one line in the
+    # group ({"private", "sent", "unsent"}). And the messages given up on (F6), kept to be
+    # listed and cleared by `iva status`.
+    11: """
+    ALTER TABLE outbox ADD COLUMN fallback TEXT;
+    CREATE TABLE dead_messages (
+        id          INTEGER PRIMARY KEY,
+        address     TEXT    NOT NULL,
+        payload     TEXT    NOT NULL,
+        attempts    INTEGER NOT NULL,
+        reason      TEXT    NOT NULL,
+        enqueued_at REAL,
+        died_at     REAL    NOT NULL
+    )
+    """,
+    # Every notebook write is visible (seed 000): what the model's turn changed, by the turn's
+    # claim — told with the answer, marked by /notes until the next owner turn changes something.
+    12: """
+    CREATE TABLE notes_turn (
+        address     TEXT PRIMARY KEY,
+        claim       TEXT NOT NULL,
+        changes     TEXT NOT NULL DEFAULT '[]'
+    )
+    """,
 }
 
 
@@ -333,6 +369,7 @@ class Outgoing:
     markup: Any = None  # inline keyboard rows: [[{"text", "callback_data"}]]
     created_at: float = 0.0
     receiver: int | None = None  # S7: in a group, shown to this person alone where Telegram allows
+    fallback: dict[str, str] | None = None  # where Telegram will not: {"private", "sent", "unsent"} (S7, N9)
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Outgoing:
@@ -350,6 +387,7 @@ class Outgoing:
             markup=json.loads(row["markup"]) if row["markup"] else None,
             created_at=row["created_at"],
             receiver=row["receiver"],
+            fallback=json.loads(row["fallback"]) if row["fallback"] else None,
         )
 
 
@@ -367,15 +405,46 @@ _CHAT_COLUMNS = frozenset(
 )
 
 
+class SchemaTooNew(BridgeError):
+    """The state database was written by a newer Iva (its schema is past this one's): this Iva
+    must not run on it, and a restart changes nothing (exit 6, which systemd does not restart)."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        super().__init__(f"state schema {version} is newer than this Iva's {SCHEMA_VERSION}: run the Iva that "
+                         "wrote it (or a newer one)")
+
+
+class OtherBot(BridgeError):
+    """The state directory is another bot's: its dedupe keys and chats are that bot's, and this
+    one's message ids would collide with them (exit 7, not restarted)."""
+
+    def __init__(self, stored: int, mine: int) -> None:
+        self.stored, self.mine = stored, mine
+        super().__init__(f"the state belongs to bot {stored}, not to this token's bot {mine}: give each bot its "
+                         "own state directory (IVA_STATE_DIR; iva@.service does)")
+
+
 class Store:
     def __init__(self, db: Database) -> None:
         self.db = db
+
+    async def claim_bot(self, bot_id: int) -> None:
+        """The state is this bot's: written at the first start, checked at every one after
+        (raises :class:`OtherBot`)."""
+        async with self.db.transaction():
+            await self.db.execute("INSERT INTO iva_meta (key, value) VALUES ('bot_id', ?) ON CONFLICT (key) DO NOTHING",
+                                  (str(bot_id),))
+            row = await self.db.fetchone("SELECT value FROM iva_meta WHERE key = 'bot_id'")
+        stored = int(row[0]) if row is not None else bot_id
+        if stored != bot_id:
+            raise OtherBot(stored, bot_id)
 
     async def migrate(self) -> None:
         row = await self.db.fetchone("PRAGMA user_version")
         version = int(row[0]) if row else 0
         if version > SCHEMA_VERSION:
-            raise RuntimeError(f"state schema {version} is newer than this Iva ({SCHEMA_VERSION})")
+            raise SchemaTooNew(version)
         for step in range(version + 1, SCHEMA_VERSION + 1):
             async with self.db.transaction():
                 for statement in filter(str.strip, _MIGRATIONS[step].split(";")):
@@ -478,6 +547,7 @@ class Store:
         reply_to: int | None = None,
         markup: Any = None,
         receiver: int | None = None,
+        fallback: dict[str, str] | None = None,
     ) -> bool:
         """Queue a text to send; False when ``key`` was queued before (T7: replays send nothing).
 
@@ -486,9 +556,10 @@ class Store:
         text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         rows = await self.db.fetchall(
             "INSERT INTO outbox (address, key, chat_id, thread_id, text, format, reply_to, markup, created_at, "
-            "receiver) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING RETURNING id",
+            "receiver, fallback) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING RETURNING id",
             (address, key, chat_id, thread_id, text, format, reply_to,
-             json.dumps(markup) if markup is not None else None, time.time(), receiver),
+             json.dumps(markup) if markup is not None else None, time.time(), receiver,
+             json.dumps(fallback) if fallback is not None else None),
         )
         return bool(rows)
 
@@ -507,6 +578,14 @@ class Store:
             "UPDATE outbox SET chunks_sent = ?, message_ids = ? WHERE id = ? AND state = 'pending'",
             (chunks_sent, json.dumps(message_ids), outgoing_id),
         )
+
+    async def attempt_outgoing(self, outgoing_id: int) -> None:
+        """F3 on a failing disk: a row pending since before this process is marked as tried (its
+        ``sent_at`` while pending) before a part of it goes again. A disk that takes no write
+        fails this, and the part is not sent: it is sent again only once a write succeeded, so a
+        full disk across restarts cannot resend it once a restart (one labelled duplicate, at most)."""
+        await self.db.execute("UPDATE outbox SET sent_at = ? WHERE id = ? AND state = 'pending'",
+                              (time.time(), outgoing_id))
 
     async def finish_outgoing(self, outgoing_id: int, state: str = "sent", *, chunks_sent: int | None = None,
                               message_ids: list[int] | None = None) -> None:
@@ -681,6 +760,11 @@ class Store:
     async def drop_unused_codes(self, kind: str) -> None:
         await self.db.execute("DELETE FROM pairing_codes WHERE kind = ? AND used_by IS NULL", (kind,))
 
+    async def clock_anchor(self) -> str | None:
+        """The last process's clock anchor (bridge/clock.py), kept beside the people's meta keys."""
+        row = await self.db.fetchone("SELECT value FROM people_meta WHERE key = 'clock_anchor'")
+        return None if row is None else str(row["value"])
+
     async def set_people_meta(self, key: str, value: str) -> None:
         await self.db.execute("INSERT INTO people_meta (key, value) VALUES (?, ?) "
                               "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
@@ -710,6 +794,20 @@ class Store:
             await self.db.execute("UPDATE chats SET thread_id = NULL, updated_at = ? WHERE address = ?",
                                   (time.time(), address))
         return fresh
+
+    async def bury(self, address: str, messages: Sequence[Message], reason: str) -> None:
+        """Messages given up on (F6), kept to be listed and cleared by ``iva status``."""
+        now = time.time()
+        for m in messages:
+            await self.db.execute(
+                "INSERT INTO dead_messages (id, address, payload, attempts, reason, enqueued_at, died_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                (m.id, address, json.dumps(m.payload, ensure_ascii=False), m.attempts, reason[:200], m.enqueued_at,
+                 now))
+
+    async def dead_count(self) -> int:
+        row = await self.db.fetchone("SELECT count(*) FROM dead_messages")
+        return int(row[0]) if row else 0
 
     async def fail_outgoing_of_address(self, address: str) -> int:
         return await self.db.execute(
@@ -746,6 +844,28 @@ def mint_pairing_code(path: Path, code_digest: str, *, now: float, seconds: floa
         conn.close()
 
 
+def clear_dead(path: Path) -> int:
+    """``iva status --clear-dead``: the given-up messages forgotten (and their warning with them),
+    in one short write transaction beside a running daemon. Returns how many. Raises
+    :class:`sqlite3.Error`, or :class:`SchemaMismatch` for another Iva's schema."""
+    conn = sqlite3.connect(path, timeout=5.0, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version != SCHEMA_VERSION:
+                raise SchemaMismatch(version)
+            cleared = conn.execute("DELETE FROM dead_messages").rowcount
+            conn.execute("COMMIT")
+            return int(cleared)
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    finally:
+        conn.close()
+
+
 def people_meta(path: Path) -> dict[str, str]:
     """What the daemon wrote down for ``iva status`` (the bot's username), read-only."""
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=1.0)
@@ -755,7 +875,7 @@ def people_meta(path: Path) -> dict[str, str]:
         conn.close()
 
 
-class SchemaMismatch(Exception):
+class SchemaMismatch(BridgeError):
     """The state database's schema is not this Iva's (``iva status`` never migrates)."""
 
     def __init__(self, version: int) -> None:
@@ -765,6 +885,20 @@ class SchemaMismatch(Exception):
         else:
             why = f"schema {version}, newer than this Iva's {SCHEMA_VERSION}: run the Iva that wrote it"
         super().__init__(why)
+
+
+def owners_of(quarantined: Path) -> set[int]:
+    """The paired owners a quarantined state file still names, if it can be read at all (best
+    effort: it failed its check; R5 tells them too when no fresh store can be made)."""
+    try:
+        conn = sqlite3.connect(f"{quarantined.resolve().as_uri()}?mode=ro", uri=True, timeout=1.0)
+        try:
+            rows = conn.execute("SELECT user_id FROM people WHERE role = 'owner'").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return set()
+    return {int(r[0]) for r in rows if isinstance(r[0], int)}
 
 
 def read_status(path: Path, *, now: float | None = None) -> dict[str, Any]:
@@ -795,6 +929,7 @@ def read_status(path: Path, *, now: float | None = None) -> dict[str, Any]:
             "AS oldest_pending, max(CASE WHEN state = 'failed' THEN coalesce(sent_at, created_at) END) AS last_failed "
             "FROM outbox WHERE state IN ('pending', 'failed') GROUP BY address")}
         chats = conn.execute("SELECT * FROM chats ORDER BY address").fetchall()
+        dead = conn.execute("SELECT * FROM dead_messages ORDER BY died_at, id").fetchall()
         # W7: the reminders due and not fired (is the daemon running?) and those paused by a
         # blocked or gone chat; how many are active, and the next instant.
         reminders = conn.execute(
@@ -820,8 +955,10 @@ def read_status(path: Path, *, now: float | None = None) -> dict[str, Any]:
             errors.append(f"a reply was given up on {age(box['last_failed']):.0f}s ago")
         if chat["compact_failures"]:
             errors.append(f"compaction failed {chat['compact_failures']}x in a row")
-        if chat["notes_rebuild_failed"] is not None:
+        if chat["notes_rebuild_failed"] is not None and chat["notes_rebuild_failed"] >= 0:  # < 0: a restore's hold
             errors.append("the notebook rebuild failed")
+        if (buried := sum(d["address"] == address for d in dead)):
+            errors.append(f"{buried} message(s) given up on (iva status --dead; --clear-dead forgets them)")
         busy = chat["status"] == "busy"
         if not (busy or queued or inflight or pending or errors):
             continue
@@ -840,8 +977,16 @@ def read_status(path: Path, *, now: float | None = None) -> dict[str, Any]:
         return {"id": r["id"], "address": r["address"], "text": text if len(text) <= 60 else text[:59] + "…",
                 "next_at": r["next_at"], "due_for_s": age(r["next_at"]) if r["next_at"] is not None else None}
 
+    def dead_message(d: sqlite3.Row) -> dict[str, Any]:
+        payload = json.loads(d["payload"])
+        text = " ".join(str(payload.get("text") or "" if isinstance(payload, dict) else payload).split())
+        return {"id": d["id"], "address": d["address"], "text": text if len(text) <= 60 else text[:59] + "…",
+                "attempts": d["attempts"], "reason": d["reason"], "died_at": d["died_at"],
+                "waited_s": None if d["enqueued_at"] is None else round(d["died_at"] - d["enqueued_at"], 1)}
+
     upcoming = [r["next_at"] for r in reminders if not r["paused"] and r["next_at"] is not None]
     return {
+        "dead": [dead_message(d) for d in dead],
         "reminders": {
             "active": len(reminders), "next_at": min(upcoming) if upcoming else None,
             "due": [reminder(r) for r in reminders if not r["paused"] and r["next_at"] is not None

@@ -6,7 +6,8 @@ bursts are fine), 20 a minute in one group; past them come 429s with growing wai
 it — answers and their parts, notices, command answers, prompts, pushed notifications, drafts,
 typing and reactions all pass here, shared by every chat:
 
-- **A message** (``send*``, ``edit*``, ``copy*``, ``forward*``) waits for its chat's budget (a
+- **A message** (``send*``, ``edit*``, ``copy*``, ``forward*``, and ``createForumTopic``, which
+  posts the topic's first service message) waits for its chat's budget (a
   private chat: a burst of ``IVA_SEND_CHAT_BURST``, then ``IVA_SEND_CHAT_RATE`` a second; a group
   or forum: ``IVA_SEND_GROUP_PER_MINUTE`` in any minute) and then for the global one
   (``IVA_SEND_RATE`` a second). Both are :class:`aiolimiter.AsyncLimiter` leaky buckets, whose
@@ -41,6 +42,7 @@ from aiogram.methods.base import TelegramType
 from aiolimiter import AsyncLimiter
 
 from .. import log
+from ..errors import BridgeError
 from ..metrics import METRICS
 
 if TYPE_CHECKING:
@@ -55,15 +57,16 @@ logger = log.get("bridge.pacing")
 
 Kind = Literal["message", "draft", "typing", "reaction"]
 
-GLOBAL_BURST = 1  # messages at once overall (see Budget.global_limiter)
+GLOBAL_BURST = 1.5  # the global bucket's size in messages (see Budget.global_limiter)
 TYPING_SHOWS = 5.0  # seconds Telegram shows a chat action: never sent again within them
 TOLD_AT_ONCE = 3  # this many chats told to wait within ONCE seconds: the global limit was hit
 ONCE = 1.0
 SLOW_FOR = 30.0  # seconds the global budget runs at half speed after that
+POSTS_TOO = frozenset({"createForumTopic"})  # posts to its chat (the topic's service message), by another name
 _IDLE_CHAT = 120.0  # a chat's budgets are forgotten after this long without a call (when many)
 
 
-class Paced(Exception):
+class Paced(BridgeError):
     """A draft frame or a typing action not sent now (never queued): try again in ``retry_in``."""
 
     def __init__(self, kind: Kind, why: str, retry_in: float) -> None:
@@ -81,7 +84,7 @@ def kind_of(api_method: str) -> Kind | None:
         return "typing"
     if api_method == "setMessageReaction":
         return "reaction"
-    if api_method.startswith(("send", "edit", "copy", "forward")):
+    if api_method.startswith(("send", "edit", "copy", "forward")) or api_method in POSTS_TOO:
         return "message"
     return None
 
@@ -117,10 +120,14 @@ class Budget:
         return AsyncLimiter(burst, burst / per_second)
 
     def global_limiter(self, *, slow: bool = False) -> AsyncLimiter:
-        """No burst: one message every 1/rate seconds, so any second holds at most ``rate`` + 1
-        (29 at the default, under Telegram's 30 with one to spare for the network). A bucket of
-        2 was tried (it takes up the event loop's lateness): on the loaded benchmark machine its
-        bunched arrivals passed 30 in a second (17 429s of 600, docs/benchmarks.md)."""
+        """One message every 1/rate seconds, with half a message of slack. A leaky bucket of size
+        b and rate r passes at most ⌊b + r⌋ in any second: 29 at the default for any b < 2, under
+        Telegram's 30 with one to spare for the network. The half message is what keeps the rate:
+        the next waiter resumes a little after its slot (the event loop is late, more so under
+        load); a bucket of 1 is then empty and that lateness is lost at every slot (the loaded
+        benchmark machine delivered 24/s of 28, 1.27× the 30/s floor), while a bucket of 1.5 takes
+        it up to half a slot (18 ms) each time (28/s, 1.07–1.11×; docs/benchmarks.md, "The pacer's global bucket"). A
+        bucket of 2 passes 30 in a second and its pairs bunch: 1 to 17 429s of 600 there."""
         rate = self.rate / 2 if slow else self.rate
         return AsyncLimiter(GLOBAL_BURST, GLOBAL_BURST / rate)
 

@@ -33,6 +33,7 @@ from aiogram.types import (
 )
 
 from .. import backoff, log
+from ..errors import BridgeError
 from ..metrics import METRICS
 from ..storage.store import Outgoing, Store
 from .pacing import Paced, pacer_of
@@ -54,11 +55,11 @@ def undecodable(exc: ClientDecodeError) -> str:
     return f"{exc.message} ({exc.original})"
 
 
-class ChatGone(Exception):
+class ChatGone(BridgeError):
     """The bot was blocked, kicked, or the chat (or topic) no longer exists."""
 
 
-class EphemeralRefused(Exception):
+class EphemeralRefused(BridgeError):
     """Telegram would not show a message to one person alone (S7) and the caller wanted no
     plain fallback."""
 
@@ -113,9 +114,14 @@ class Sender:
         if out.created_at < self.started and out.id not in self._labelled:
             # Pending when the last process ended: if it died between Telegram's answer and the
             # record, this part goes twice — the one duplicate window, labelled, never silent.
+            # Only after a write succeeded: on a disk still full it is not sent at all.
+            await self.store.attempt_outgoing(out.id)
             self._labelled.add(out.id)
             logger.warning("reply_sent_after_restart", outbox=out.id, key=out.key, parts_recorded=sent,
                            may_repeat=True)
+        if out.fallback is not None and out.receiver is not None:
+            await self._deliver_or_privately(out, out.receiver, out.fallback)
+            return
         for number, chunk in enumerate(chunks):
             if number < sent:
                 continue
@@ -131,6 +137,20 @@ class Sender:
         # One commit records the last part and the row's end: the duplicate window is only
         # between Telegram's answer and this commit.
         await self.store.finish_outgoing(out.id, chunks_sent=len(chunks), message_ids=ids)
+        self._unrecorded.pop(out.id, None)
+
+    async def _deliver_or_privately(self, out: Outgoing, receiver: int, fallback: dict[str, str]) -> None:
+        """S7, N9: shown to ``receiver`` alone in the group; where Telegram will not (refused, or
+        the try itself forbidden), in their private chat, and one line in the group saying so —
+        or that they must open a private chat first. Never the text itself to the group. The row
+        is done once all of it went (a crash before: sent again, the labelled window)."""
+        markdown = out.format == "markdown"
+        if not await self.say(out.chat_id, out.thread_id, out.text, reply_to=out.reply_to, markdown=markdown,
+                              receiver=receiver, fallback=False):
+            sent = await self.say(receiver, None, fallback["private"], markdown=markdown)
+            await self.say(out.chat_id, out.thread_id, fallback["sent" if sent else "unsent"], reply_to=out.reply_to)
+        METRICS.telegram_sent.inc()
+        await self.store.finish_outgoing(out.id, chunks_sent=1, message_ids=[])
         self._unrecorded.pop(out.id, None)
 
     async def _send_chunk(

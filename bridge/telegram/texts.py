@@ -67,6 +67,10 @@ _TEXTS: dict[str, dict[Lang, str]] = {
         "en": "Already compacting — I'll say when it's done.",
         "ru": "Уже сжимаю — скажу, когда закончу.",
     },
+    "compact_already_auto": {
+        "en": "I'm compacting the conversation already, on my own; your next message is answered right after.",
+        "ru": "Я уже сама сжимаю разговор; на следующее сообщение отвечу сразу после этого.",
+    },
     "compact_accepted": {
         "en": "Compacting the conversation ({before} tokens). If I restart meanwhile, send /compact again.",
         "ru": "Сжимаю разговор ({before} токенов). Если я перезапущусь, повторите /compact.",
@@ -99,6 +103,8 @@ _TEXTS: dict[str, dict[Lang, str]] = {
                        "ru": "Остановить может только тот, кому я отвечаю (или владелец)."},
     "stopped_mark": {"en": "⏹ stopped", "ru": "⏹ остановлено"},
     "status_stop_hint": {"en": "/stop stops it.", "ru": "/stop — остановить."},
+    "new_not_yours": {"en": "Only the person I'm answering (or an owner) can start a new conversation now.",
+                      "ru": "Начать новый разговор сейчас может только тот, кому я отвечаю (или владелец)."},
     "new_done": {
         "en": "New conversation started.",
         "ru": "Начат новый разговор.",
@@ -123,6 +129,14 @@ _TEXTS: dict[str, dict[Lang, str]] = {
                                   "спросите снова."},
     "notes_changed": {"en": "Last change:", "ru": "Последнее изменение:"},
     "notes_unchanged": {"en": "(no earlier version)", "ru": "(прежней версии нет)"},
+    "notes_written": {"en": "📝 Notebook: {what}", "ru": "📝 Блокнот: {what}"},
+    "notes_written_group": {"en": "📝 Notebook of chat {chat}: {what}", "ru": "📝 Блокнот чата {chat}: {what}"},
+    "notes_last_turn": {"en": "📝 The last answer changed: {what}", "ru": "📝 Последний ответ изменил: {what}"},
+    "notes_did_new": {"en": "new", "ru": "новая"},
+    "notes_did_changed": {"en": "changed", "ru": "изменена"},
+    "notes_did_pinned": {"en": "pinned", "ru": "закреплена"},
+    "notes_did_unpinned": {"en": "unpinned", "ru": "откреплена"},
+    "notes_did_deleted": {"en": "deleted", "ru": "удалена"},
     "notes_pinned": {"en": "pinned", "ru": "закреплена"},
     "notes_updated": {"en": "updated", "ru": "изменена"},
     "status_notes": {"en": "Notebook: {n} note(s), {mode} mode", "ru": "Блокнот: заметок {n}, режим {mode}"},
@@ -162,6 +176,17 @@ _TEXTS: dict[str, dict[Lang, str]] = {
         "ru": (
             "Iva: база состояния не прошла проверку при запуске. Она отложена в {path} (не удалена), "
             "создана новая. Ожидавшие сообщения, возможно, придётся отправить ещё раз."
+        ),
+    },
+    "state_quarantined_no_fresh": {
+        "en": (
+            "Iva: the state database failed its check at start. It was moved aside to {path} (not "
+            "deleted), but a fresh one could not be made ({error}): Iva cannot work until its disk "
+            "has room again."
+        ),
+        "ru": (
+            "Iva: база состояния не прошла проверку при запуске. Она отложена в {path} (не удалена), "
+            "но новую создать не удалось ({error}): Iva не сможет работать, пока на диске нет места."
         ),
     },
     "unsupported": {

@@ -27,6 +27,9 @@ def not_json(request: web.BaseRequest) -> str | None:
 
 
 def bearer_matches(request: web.BaseRequest, token: str) -> bool:
-    """``Authorization: Bearer <token>``, compared in constant time."""
+    """``Authorization: Bearer <token>``, compared in constant time. A header that is not UTF-8
+    (aiohttp hands its bytes over as surrogate escapes) is compared as its bytes: a mismatch, 401,
+    never an encoding error's 500."""
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"),
+                                                              token.encode())

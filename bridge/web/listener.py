@@ -4,14 +4,14 @@ whatever else registers its routes: the notebook's MCP server (``/mcp``), the ow
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .. import log
+from .. import disk, log
+from ..clock import CLOCK
 from ..metrics import METRICS
 
 if TYPE_CHECKING:
@@ -43,7 +43,8 @@ class Listener:
         self.queue = queue
         self.ingest = ingest
         self.webhook = webhook
-        self.started = time.time()
+        self.started = CLOCK.now()
+        self.dead = 0  # messages given up on, as of the last refresh
         self.extra_routes = routes
         self._runner: web.AppRunner | None = None
 
@@ -66,17 +67,32 @@ class Listener:
             await self._runner.cleanup()
 
     async def _refresh(self) -> tuple[int, int, int, int, float | None]:
-        last = self.ingest.last_poll_ok  # first: set even when the database does not answer
-        METRICS.poll_age.set(round(time.time() - (self.started if last is None else last), 1))
+        # First: set even when the database does not answer. Each mode its own gauges (an
+        # alert on the poll's age fired forever in webhook mode, where nothing polls).
+        now = CLOCK.now()  # steady (F9)
+        if self.webhook is None:
+            last = self.ingest.last_poll_ok
+            METRICS.mode.labels(mode="polling").set(1)
+            METRICS.poll_age.set(round(now - (self.started if last is None else last), 1))
+        else:
+            delivered = self.webhook.delivered_at
+            METRICS.mode.labels(mode="webhook").set(1)
+            METRICS.webhook_delivery_age.set(round(now - (self.started if delivered is None else delivered), 1))
+            healthy, _ = self.webhook.status.report(self.webhook.url, now)
+            METRICS.webhook_healthy.set(1 if healthy else 0)
+            METRICS.webhook_pending.set(self.webhook.status.pending_update_count or 0)
         # The last committed state, read without queueing behind the writer's transactions: on
         # a slow disk (each commit an fsync of 50 ms or more) that queue is seconds long.
         async with self.store.db.committed():
             queued = await self.queue.depth()
             by_kind = await self.store.busy_by_kind()
-            now = time.time()
+            now = CLOCK.now()  # steady (F9): the chats' progress stamps are too
             overdue, oldest = await self.store.health(overdue_before=now - self.busy_timeout * OVERDUE_FACTOR)
+            self.dead = await self.store.dead_count()  # a warning, not a failure: `iva status --dead` lists them
         busy = sum(by_kind.values())
-        reply_age = None if oldest is None else round(now - oldest, 1)
+        # The outbox stamps wall time: the earlier of the two clocks ages it, so no step makes
+        # a pending reply look stale.
+        reply_age = None if oldest is None else round(max(0.0, CLOCK.bounded() - oldest), 1)
         METRICS.queue_depth.set(queued)
         METRICS.busy.set(busy)
         METRICS.busy_compacting.set(by_kind.get("compact", 0))
@@ -93,18 +109,23 @@ class Listener:
             queued = busy = compacting = -1
             database = f"error: {exc}"
         last = self.ingest.last_poll_ok
-        poll_age = None if last is None else round(time.time() - last, 1)
+        poll_age = None if last is None else round(CLOCK.now() - last, 1)
         webhook: dict[str, object] | None = None
         if self.webhook is None:
             receiving = poll_age is not None and poll_age < POLL_STALE_AFTER
         else:  # webhook mode (O1): Telegram's own view, from the last periodic getWebhookInfo
-            receiving, webhook = self.webhook.status.report(self.webhook.url, time.time())
+            receiving, webhook = self.webhook.status.report(self.webhook.url, CLOCK.now())
         replies_flowing = reply_age is None or reply_age < self.reply_stale_after
-        ok = database == "ok" and receiving and overdue == 0 and replies_flowing
+        # F2: a commit failing (the disk full, a lock held) or a disk with no room: nothing can
+        # be made durable, so nothing is taken — the bridge waits on storage, alive.
+        storage = self.ingest.storage_error or disk.full(self.store.db.path.parent)
+        ok = database == "ok" and receiving and overdue == 0 and replies_flowing and storage is None
         body = {"ok": ok, "mode": "polling" if self.webhook is None else "webhook", "database": database,
+                "storage": "ok" if storage is None else f"failing: {storage}",
                 "telegram_poll_age_s": poll_age, "webhook": webhook, "queued": queued,
                 "busy_chats": busy, "compacting_chats": compacting, "overdue_chats": overdue,
-                "oldest_pending_reply_s": reply_age, "uptime_s": round(time.time() - self.started)}
+                "oldest_pending_reply_s": reply_age, "dead_messages": self.dead,
+                "uptime_s": round(CLOCK.now() - self.started)}
         return web.json_response(body, status=200 if ok else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:

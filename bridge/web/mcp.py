@@ -266,10 +266,10 @@ class McpServer:
             nb.mark_read(chat, name)
             return {"name": found.name, "description": found.description, "body": found.body, "pinned": found.pinned}
         if tool == "chat_note_delete":
-            if not await nb.delete(address, name):
+            if not await nb.delete(address, name, guard=chat):
                 raise NoteError(f"There is no note named '{name}'.")
             return {"deleted": name}
-        note = await nb.set_pinned(address, name, tool == "chat_note_pin")
+        note = await nb.set_pinned(address, name, tool == "chat_note_pin", guard=chat)
         return {"name": note.name, "pinned": note.pinned}
 
 

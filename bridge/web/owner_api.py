@@ -5,7 +5,7 @@ A request with a browser ``Origin`` is refused (403), and so is a body that is n
 ``{chat}`` is the Telegram chat id, or ``<chat id>:<topic id>`` for a forum topic. Errors are
 JSON: ``{"error": "<what is wrong and what to do>", "code": "<short code>"}``.
 
-    GET    /v1/chats/{chat}/notes               the notebook: bodies, prev_body, what is new
+    GET    /v1/chats/{chat}/notes               the notebook: bodies, prev_body, what is new (ETag)
     PUT    /v1/chats/{chat}/notes/{name}        {"body", "description"?, "pinned"?}: the owner writes
     DELETE /v1/chats/{chat}/notes/{name}
     POST   /v1/chats/{chat}/notes/restore       the archived notebook back (the current one is archived)
@@ -15,6 +15,7 @@ JSON: ``{"error": "<what is wrong and what to do>", "code": "<short code>"}``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -34,6 +35,17 @@ logger = log.get("bridge.api")
 
 Handler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]  # (request, the chat's address)
 Guarded = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _versioned(request: web.Request, data: dict[str, Any]) -> web.Response:
+    """A JSON answer with an ``ETag`` of its content; ``If-None-Match`` naming it → 304, so a
+    client re-reads the notebook only after a change (seed 000: the client re-reads after a turn)."""
+    body = json.dumps(data, ensure_ascii=False, sort_keys=True).encode()
+    etag = f'"{hashlib.sha256(body).hexdigest()[:32]}"'
+    wanted = {tag.strip().removeprefix("W/") for tag in request.headers.get("If-None-Match", "").split(",")}
+    if etag in wanted or "*" in wanted:
+        return web.Response(status=304, headers={"ETag": etag})
+    return web.Response(body=body, content_type="application/json", headers={"ETag": etag})
 
 
 def _fail(status: int, code: str, message: str, *, field: str | None = None, **headers: str) -> web.Response:
@@ -113,7 +125,7 @@ class OwnerApi:
         chat = await self.store.chat(address)
         chars, count = totals(notes)
         archived = await self.notebook.archive(address)
-        return web.json_response({
+        return _versioned(request, {
             "chat": request.match_info["chat"],
             "mode": chat.notes_mode if chat else "inline",
             "chars": chars,
@@ -122,6 +134,7 @@ class OwnerApi:
             "archive": None if archived is None else {"notes": len(archived[0]), "archived_at": archived[1],
                                                       "reason": archived[2]},
             "notes": [{**n.as_record(), "new": seen is None or n.updated_at > seen} for n in notes],
+            "last_turn": [{"name": name, "change": change} for name, change in await self.notebook.last_turn(address)],
         })
 
     async def put_note(self, request: web.Request, address: str) -> web.Response:

@@ -135,6 +135,27 @@ async def test_a_compaction_eve_announces_before_a_waiting_turn_tells_the_person
         await h.stop()
 
 
+async def test_a_message_just_after_a_late_announcement_gets_the_notice_and_is_held(tmp_path: Path, tg: FakeTelegram,
+                                                                                   fake_eve: FakeEve):
+    """C6/C3, seed 004: eve announced the released compaction (compaction.requested is written)
+    but the bridge's stream has not brought it yet when a message arrives. The notice and the
+    hold are one decision: the message is held until the compaction ends, never sent into it
+    (before: the poke ended the watch, the message went to eve as a turn while eve compacted,
+    and that turn's consumer gave the notice)."""
+    h = await behind_a_late_compaction(tmp_path, tg, fake_eve, summary_delay=1.0)
+    try:
+        fake_eve.stream_lag = 0.5
+        await h.until(lambda: eve_compacting(fake_eve), what="eve announcing the compaction")
+        await tg.message("second", user_id=OWNER)
+        await h.settled()
+        assert tg.texts() == ["echo: big", "Compacting the conversation, I'll answer soon.", "echo: second"]
+        assert fake_eve.sends_while_compacting == 0
+        chat = await h.chat()
+        assert state_of(chat) is ChatState.IDLE and chat.compact_phase is None and chat.compactions == 1
+    finally:
+        await h.stop()
+
+
 async def test_a_stuck_session_is_lost_after_the_busy_timeout(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
     """R2/R3: no progress within IVA_BUSY_TIMEOUT → the chat is free with the reset mark, the
     person is asked to repeat; the next message starts a new session."""
@@ -630,5 +651,30 @@ async def test_a_reader_ending_in_an_unknown_error_is_retried_not_waited_out(
         assert transport.broken == 1
         assert tg.texts() == ["echo: hello"]
         assert len(fake_eve.sessions) == 1
+    finally:
+        await h.stop()
+
+
+@pytest.mark.parametrize("first,second", [(OWNER, 2), (2, OWNER)], ids=["member-into-owner", "owner-into-member"])
+async def test_a_message_of_the_other_kind_never_joins_a_running_turn(tmp_path: Path, tg: FakeTelegram,
+                                                                      fake_eve: FakeEve, first: int, second: int):
+    """N1, seed 000 (the notebook never rides someone else's turn): under the immediate policy a
+    member's message does not steer into a running owner turn — whose every model call carries
+    the owner's notebook — nor an owner's into a member's: it waits for a turn of its own."""
+    group = -1001
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_TURN_POLICY="immediate", IVA_NOTES_ENABLED="1")
+    await h.start()
+    try:
+        await tg.message("slow start [[delay=2]]", user_id=first, chat_id=group, chat_type="supergroup",
+                         reply_to_bot=True)
+        await h.until(lambda: any(s.running for s in fake_eve.sessions.values()), what="the first turn running")
+        await tg.message("and this too", user_id=second, chat_id=group, chat_type="supergroup", reply_to_bot=True)
+        await h.settled(30)
+        texts = tg.texts(group)
+        assert len(texts) == 2 and "slow start" in texts[0] and "and this too" in texts[1], texts
+        session = next(iter(fake_eve.sessions.values()))
+        assert session.turns_run == 2
+        contexts = [b.get("clientContext") for b in session.sends]
+        assert [bool(c) and c.startswith("[state]") for c in contexts] == [first == OWNER, second == OWNER]
     finally:
         await h.stop()

@@ -13,7 +13,9 @@ real eve alike: ``[[tokens=N]]``, ``[[delay=S]]`` (before each step's output),
 - ``tamper``: fields laid over the next event of a type (an event a handler cannot take, F6);
 - ``failing_texts``: a send whose text holds one of these answers 500 and is never taken (F6);
 - ``compact_ack_delay`` / ``summary_delay`` / ``summary_fail`` / ``compact_errors``: compaction
-  behaviour (§5).
+  behaviour (§5);
+- ``stream_lag``: a followed stream writes each batch that many seconds late (a page read is
+  not late): eve has written an event the bridge's open stream has not brought yet.
 
 Like real eve with an MCP connection (§11), ``[[mcp=TOOL {json}]]`` makes the "model" call a tool
 of the MCP server at ``mcp_url``: a fresh ``tools/list`` with the session header, then
@@ -101,6 +103,7 @@ class FakeSession:
     turns_run: int = 0
     compactions_done: int = 0
     parts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    compacting: bool = False  # between compaction.requested and the compaction's end
     asking: bool = False  # a question is open (input.requested … turn.waiting on input)
     answers: asyncio.Queue[tuple[str, Any, str]] = field(default_factory=asyncio.Queue)
     sends: list[dict[str, Any]] = field(default_factory=list)
@@ -139,6 +142,8 @@ class FakeEve:
         self.release_sends = asyncio.Event()
         self.held = 0
         self.sends_while_running = 0  # queue-policy sends that reached a running turn
+        self.sends_while_compacting = 0  # sends that reached a session while it compacted (seed 004 rejects it)
+        self.stream_lag = 0.0
         self.mcp_url: str | None = None
         self.mcp_token: str | None = None  # sent as "authorization: Bearer" (NOTEBOOK_MCP_TOKEN); daemons get it
         self.mcp_connection = "notebook"
@@ -315,6 +320,8 @@ class FakeEve:
         session.sends.append(body)
         if session.running and policy == "queue":
             self.sends_while_running += 1
+        if session.compacting:
+            self.sends_while_compacting += 1
         item = _Input("message", _flatten(body.get("message", "")), delivery, policy)
         context = body.get("clientContext")
         item.context_chars = sum(len(c) + 16 for c in ([context] if isinstance(context, str) else context or []))
@@ -377,6 +384,8 @@ class FakeEve:
                 batch = session.events[index:] if follow else session.events[index:tail_at_open]
             if not batch:
                 break
+            if follow and self.stream_lag:
+                await asyncio.sleep(self.stream_lag)
             for event in batch:
                 line = json.dumps(event, separators=(",", ":")).encode() + b"\n"
                 if cut is not None and written >= cut:
@@ -590,6 +599,25 @@ class FakeEve:
                         step += 1
                     texts[-1] = _MCP.sub("", texts[-1])
                     clean, marks = _markers(texts[-1])
+                values = [int(v) for v in marks.get("steps", "").split(",") if v.strip()]
+                if values:
+                    # Like fake_llm's [[steps=A,B,C]]: a tool-using turn whose inputs grow, one
+                    # model call per value, a noop tool call in each but the last.
+                    tokens = values[min(step, len(values) - 1)]
+                if values and step < len(values) - 1:
+                    call = f"call_fake_{seq}_{step}"
+                    await self._emit(s, "actions.requested", {"actions": [{"callId": call, "input": {},
+                                                                           "kind": "tool-call", "toolName": "noop"}],
+                                                              "stepIndex": step, **turn}, deliveries)
+                    await self._emit(s, "action.result", {"result": {"callId": call, "kind": "tool-result",
+                                                                     "output": {"ok": True}, "toolName": "noop"},
+                                                          "status": "completed", "stepIndex": step, **turn}, deliveries)
+                    await self._emit(s, "step.completed", {"finishReason": "tool-calls", "stepIndex": step, **turn,
+                                                           "usage": {"inputTokens": tokens, "outputTokens": 5,
+                                                                     "cacheReadTokens": 0}}, deliveries)
+                    s.usage_in += tokens
+                    step += 1
+                    continue
                 if "tool" in marks and step == 0:
                     call = f"call_fake_{seq}_{step}"
                     await self._emit(s, "action.input.appended", {"callId": call, "inputTextDelta": "{}",
@@ -695,14 +723,14 @@ class FakeEve:
         s.usage_in += tokens
 
     async def _compaction(self, s: FakeSession) -> None:
-        s.running = True
+        s.running = s.compacting = True
         s.cancel.clear()
         seq = s.sequence
         turn = {"sequence": seq, "sessionId": s.id, "stepIndex": 0, "turnId": f"turn_{seq}"}
         await self._emit(s, "compaction.requested", {"modelId": "fake/fake-model", **turn,
                                                      "usageInputTokens": s.history_chars / 4 + 31.75}, [])
         outcome = await self._sleep_or(s, self.summary_delay) if self.summary_delay else "timeout"
-        s.running = False
+        s.running = s.compacting = False
         if outcome == "cancel":
             await self._waiting(s, [])
             await self._waiting(s, [])  # eve emits it twice after a cancelled compaction (§5)

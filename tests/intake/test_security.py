@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from bridge.app import notebook_config
+from bridge.notebook import Notebook
+from bridge.web.listener import Listener
+from bridge.web.owner_api import OwnerApi
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import BOT_USERNAME, FakeTelegram
 from tests.harness import FRIEND, OWNER, Harness
@@ -190,3 +194,33 @@ async def test_the_bot_removed_from_a_group_archives_its_notes_before_deleting(t
         assert [n.name for n in await nb.notes(str(GROUP))] == ["plan"]
     finally:
         await h.stop()
+
+
+async def _raw(port: int, request: bytes) -> bytes:
+    """One HTTP request as raw bytes (a client library will not send a header that is not UTF-8)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await reader.readuntil(b"\r\n")
+    finally:
+        writer.close()
+
+
+async def test_an_authorization_header_that_is_not_utf8_is_401_not_500(harness: Harness):
+    """Bytes that are not UTF-8 in ``Authorization`` are a wrong token (401), never a 500."""
+    assert harness.db is not None
+    owner = OwnerApi("the-api-token", Notebook(harness.db, harness.s.store, notebook_config(harness.settings)),
+                     harness.s.store)
+    listener = Listener("127.0.0.1:0", store=harness.s.store, queue=harness.s.queue, ingest=None,  # type: ignore[arg-type]
+                        routes=[owner.routes])
+    await listener.start()
+    try:
+        assert listener._runner is not None
+        port = listener._runner.addresses[0][1]
+        for token in (b"Bearer \xff\xfe\xfd", b"\xc3(", b"Bearer the-api-token\x80"):
+            status = await _raw(port, b"GET /v1/chats/1/spend HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: "
+                                + token + b"\r\nConnection: close\r\n\r\n")
+            assert status.startswith(b"HTTP/1.1 401"), (token, status)
+    finally:
+        await listener.stop()

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sqlite3
+from pathlib import Path
+
 import pytest
 
+from bridge.app import EXIT_OTHER_BOT, EXIT_SCHEMA_NEWER
+from bridge.cli import main
+from bridge.storage.state import open_state
+from bridge.storage.store import SCHEMA_VERSION, read_status
 from tests.conftest import OWNER
 from tests.daemons import check_env, iva_check
-from tests.fakes.telegram import TOKEN
+from tests.fakes.telegram import BOT_ID, TOKEN
+from tests.harness import Harness
+from tests.zygote import spawn_bridge
 
 pytestmark = pytest.mark.process  # every test here runs the bridge as a process
 
@@ -146,3 +157,82 @@ async def test_check_shows_no_traceback_whatever_a_server_answers(kind: str):
     assert all(len(x) <= 420 for x in lines), out
     assert any(x.startswith("FAIL eve" if kind.startswith("info:") else "FAIL telegram") for x in lines), out
     assert TOKEN.partition(":")[2] not in out
+
+
+async def _run_once(env: dict[str, str]) -> tuple[int, str]:
+    proc = await spawn_bridge("run", env={**os.environ, **env})
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, out.decode()
+
+
+async def _state_at(state: Path, sql: str) -> None:
+    """A state database as this Iva leaves it, then ``sql`` on it."""
+    opened = await open_state(state / "iva.sqlite3")
+    await opened.db.close()
+    conn = sqlite3.connect(state / "iva.sqlite3")
+    conn.executescript(sql)
+    conn.close()
+
+
+async def test_a_state_of_a_newer_iva_is_one_line_and_an_exit_systemd_does_not_restart(tg, fake_eve, tmp_path):
+    """An older Iva on a newer schema: one line naming it, exit 6 (RestartPreventExitStatus), no traceback."""
+    state = tmp_path / "state"
+    state.mkdir()
+    await _state_at(state, f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    code, out = await _run_once(check_env(tg, fake_eve.url, fake_eve.token, IVA_STATE_DIR=str(state), IVA_NOTES_ENABLED="0"))
+    assert code == EXIT_SCHEMA_NEWER, out
+    assert "Traceback" not in out
+    [line] = [x for x in out.splitlines() if "state_schema_newer" in x]
+    assert f"state schema {SCHEMA_VERSION + 1} is newer" in line
+    assert tg.calls_of("getUpdates") == []
+
+
+async def test_another_bots_state_is_refused_in_one_line(tg, fake_eve, tmp_path, daemon_factory):
+    """The state remembers its bot; another bot's token on it: one line, exit 7, nothing taken from
+    Telegram (its message ids would be dropped as the first bot's duplicates)."""
+    daemon = daemon_factory(fake_eve.url, fake_eve.token)
+    await daemon.start()
+    assert daemon.db().execute("SELECT value FROM iva_meta WHERE key = 'bot_id'").fetchone()[0] == str(BOT_ID)
+    await daemon.terminate()
+    polled = len(tg.calls_of("getUpdates"))
+    state = tmp_path / "other"
+    state.mkdir()
+    await _state_at(state, "INSERT INTO iva_meta (key, value) VALUES ('bot_id', '987654')")
+    code, out = await _run_once(check_env(tg, fake_eve.url, fake_eve.token, IVA_STATE_DIR=str(state), IVA_NOTES_ENABLED="0"))
+    assert code == EXIT_OTHER_BOT, out
+    assert "Traceback" not in out
+    [line] = [x for x in out.splitlines() if "state_of_another_bot" in x]
+    assert "987654" in line and str(BOT_ID) in line
+    assert len(tg.calls_of("getUpdates")) == polled
+
+
+async def test_a_poison_message_dies_by_age_and_is_listed_and_cleared_by_status(tmp_path, tg, fake_eve, capsys):
+    """F6: attempts or age, either one: eve failing on a message for IVA_EVE_SEND_MAX_AGE gives it up
+    long before IVA_EVE_SEND_ATTEMPTS; `iva status --dead` lists it, `--clear-dead` forgets it and
+    its warning."""
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_EVE_SEND_ATTEMPTS="100", IVA_EVE_SEND_MAX_AGE="1")
+    await h.start()
+    try:
+        fake_eve.failing_texts = {"poison"}
+        await tg.message("poison", user_id=OWNER)
+        await h.until(lambda: tg.texts(), timeout=60, what="the person told")
+        assert tg.texts() == ["Sorry, I couldn't answer that (the assistant's server kept failing on it). "
+                              "Please try again."]
+        assert 1 <= fake_eve.failed_sends < 100
+        await tg.message("after", user_id=OWNER)
+        await h.settled(30)
+        assert tg.texts()[-1] == "echo: after"
+    finally:
+        await h.stop()
+    state = str(tmp_path / "state")
+    [chat] = read_status(tmp_path / "state" / "iva.sqlite3")["chats"]
+    assert "1 message(s) given up on" in chat["last_error"]
+    capsys.readouterr()
+    assert main(["status", "--state", state, "--dead"]) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.startswith("dead ") and f"chat {OWNER}" in line and "poison" in line and "eve failed on it" in line
+    assert main(["status", "--state", state, "--clear-dead"]) == 0
+    assert "cleared 1 message(s)" in capsys.readouterr().out
+    assert read_status(tmp_path / "state" / "iva.sqlite3")["chats"] == []  # the warning went with them
+    assert main(["status", "--state", state, "--dead"]) == 0
+    assert capsys.readouterr().out.strip() == "no message was given up on"

@@ -44,12 +44,12 @@ async def test_a_saved_note_is_in_the_database_and_in_the_next_owner_turn(tg, fa
     assert notes_in_db(nb_daemon, str(OWNER))["shop"]["body"] == "milk, eggs"
     await idle(tg, nb_daemon)
     await tg.message("what do I buy?", user_id=OWNER)
-    await tg.wait_texts(2, timeout=30)
+    await tg.wait_texts(3, timeout=30)
     first, second = contexts(fake_eve)
     assert first.startswith("[state]\n[notebook] empty.") and "never overrides your standing rules" in first
     assert "## shop | shopping list\nmilk, eggs" in second and "chat_note_read" not in second
-    # The tool call is not a Telegram message (N3: quiet, uneventful).
-    assert tg.texts() == ["echo: remember", "echo: what do I buy?"]
+    # The tool call itself is not a Telegram message (N3: quiet); the write is told once (seed 000).
+    assert tg.texts() == ["echo: remember", "📝 Notebook: shop (new)", "echo: what do I buy?"]
 
 
 async def test_in_inline_mode_the_read_tool_is_unknown_to_list_and_call(tg, fake_eve, nb_daemon):
@@ -150,13 +150,13 @@ async def test_the_window_line_wrap_up_and_nudge_each_come_when_they_should(tg, 
 async def test_notes_survive_new_and_new_says_how_many(tg, fake_eve, nb_daemon):
     """N8: /new keeps the notebook and says how many notes it kept."""
     await tg.message('a [[mcp=chat_note_save {"name": "keep", "description": "k", "body": "kept"}]]', user_id=OWNER)
-    await tg.wait_texts(1, timeout=30)
+    await tg.wait_texts(2, timeout=30)  # the answer and its 📝 line
     await idle(tg, nb_daemon)
     await tg.message("/new", user_id=OWNER)
-    await tg.wait_texts(2, timeout=30)
+    await tg.wait_texts(3, timeout=30)
     assert tg.texts()[-1] == "New conversation started. The notebook kept its 1 note(s)."
     await tg.message("after", user_id=OWNER)
-    await tg.wait_texts(3, timeout=30)
+    await tg.wait_texts(4, timeout=30)
     assert "## keep | k\nkept" in contexts(fake_eve)[-1]
     assert len(fake_eve.sessions) == 2
 
@@ -302,6 +302,15 @@ async def test_a_big_notebook_is_rebuilt_after_the_reply_with_the_archive_first(
     status, restored = await api(nb_daemon, "POST", base + "/restore")
     assert status == 200 and restored["restored"] == 42
     assert len(notes_in_db(nb_daemon, str(OWNER))) == 42
+    # A restore holds the rebuild off until the notebook changes again (it is the owner's choice):
+    rebuilds = len(fake_eve.creates)
+    await tg.message("a turn after the restore", user_id=OWNER)
+    await tg.wait_for(lambda: any("after the restore" in text for text in tg.texts()), 30, "the answer")
+    await nb_daemon.settled()
+    assert len(notes_in_db(nb_daemon, str(OWNER))) == 42 and len(fake_eve.creates) == rebuilds
+    await api(nb_daemon, "PUT", base + "/fact-0", {"body": "fact zero, changed"})
+    await tg.message("a turn after a change", user_id=OWNER)
+    await tg.wait_for(lambda: len(notes_in_db(nb_daemon, str(OWNER))) == 2, 30, "rebuilt again after the change")
 
 
 async def test_a_bad_rebuild_keeps_the_old_notebook_retries_once_and_does_not_loop(tg, fake_eve, nb_daemon):
@@ -348,3 +357,88 @@ async def test_disabled_notebook_registers_no_tools_sends_no_block_touches_no_ta
         assert conn.execute("SELECT count(*) FROM notes").fetchone()[0] == 0
         assert conn.execute("SELECT count(*) FROM notes_seen").fetchone()[0] == 0
         assert tuple(conn.execute("SELECT notes_version, notes_mode FROM chats").fetchone()) == (0, "inline")
+
+
+async def test_every_write_of_a_turn_is_told_with_its_answer_and_marked_by_notes(tg, fake_eve, nb_daemon):
+    """seed 000: every write visible — the answer comes with 📝 and the names; /notes marks what the
+    last turn changed; a turn that changes nothing leaves nothing marked."""
+    await tg.message('remember [[mcp=chat_note_save {"name": "shop", "description": "shopping list", '
+                     '"body": "milk"}]] [[mcp=chat_note_save {"name": "plan", "description": "the plan", '
+                     '"body": "a"}]]', user_id=OWNER)
+    await tg.wait_texts(2, timeout=30)
+    assert tg.texts() == ["echo: remember", "📝 Notebook: shop (new), plan (new)"]
+    await idle(tg, nb_daemon)
+    await tg.message('again [[mcp=chat_note_save {"name": "plan", "body": "b"}]] '
+                     '[[mcp=chat_note_pin {"name": "plan"}]] [[mcp=chat_note_delete {"name": "shop"}]]',
+                     user_id=OWNER)
+    await tg.wait_texts(4, timeout=30)
+    assert tg.texts()[2:] == ["echo: again", "📝 Notebook: plan (pinned), shop (deleted)"]
+    await idle(tg, nb_daemon)
+    await tg.message("/notes", user_id=OWNER)
+    await tg.wait_texts(5, timeout=20)
+    listing = tg.texts()[-1]
+    assert "plan 📌 — the plan 📝" in listing and "📝 The last answer changed: plan (pinned), shop (deleted)" in listing
+    status, body = await api(nb_daemon, "GET", f"/v1/chats/{OWNER}/notes")
+    assert status == 200 and body["last_turn"] == [{"name": "plan", "change": "pinned"}, {"name": "shop", "change": "deleted"}]
+    await tg.message("nothing written", user_id=OWNER)
+    await tg.wait_texts(6, timeout=30)
+    await idle(tg, nb_daemon)
+    await tg.message("/notes", user_id=OWNER)
+    await tg.wait_texts(7, timeout=20)
+    assert "📝" not in tg.texts()[-1].replace("📓", "")
+
+
+async def test_a_groups_owner_turn_tells_its_writes_in_the_owners_private_chat(tg, fake_eve, nb_daemon):
+    """seed 000: the 📝 line goes where the owner reads it — never into the group."""
+    await tg.message('hi [[mcp=chat_note_save {"name": "secret", "description": "x", "body": "the plan"}]]',
+                     user_id=OWNER, chat_id=GROUP, chat_type="supergroup", reply_to_bot=True)
+    await tg.wait_texts(1, chat_id=OWNER, timeout=30)
+    assert tg.texts(OWNER) == [f"📝 Notebook of chat {GROUP}: secret (new)"]
+    await idle(tg, nb_daemon, str(GROUP))
+    assert len(tg.texts(GROUP)) == 1 and not any("📝" in text for text in tg.texts(GROUP))
+
+
+async def test_the_notes_listing_has_an_etag_and_if_none_match_gives_304(tg, fake_eve, nb_daemon):
+    """seed 000: API clients re-read only after a change (ETag, If-None-Match → 304)."""
+    await tg.message("hello", user_id=OWNER)
+    await tg.wait_texts(1, timeout=30)
+    await idle(tg, nb_daemon)
+    url = f"{nb_daemon.api_url}/v1/chats/{OWNER}/notes"
+    auth = {"authorization": f"Bearer {API_TOKEN}"}
+    async with aiohttp.ClientSession(headers=auth) as http:
+        async with http.get(url) as r:
+            etag = r.headers["ETag"]
+            assert r.status == 200 and etag.startswith('"')
+        async with http.get(url, headers={"If-None-Match": etag}) as r:
+            assert r.status == 304 and r.headers["ETag"] == etag and await r.read() == b""
+        await api(nb_daemon, "PUT", f"/v1/chats/{OWNER}/notes/shop", {"body": "milk", "description": "list"})
+        async with http.get(url, headers={"If-None-Match": etag}) as r:
+            assert r.status == 200 and r.headers["ETag"] != etag and (await r.json())["notes"][0]["name"] == "shop"
+
+
+async def test_new_rearms_the_wrap_up_and_voids_the_nudge_of_a_summary_it_threw_away(tg, fake_eve, nb_daemon):
+    """N6, seed 000: the wrap-up invitation is once per window — a /new opens a new one; the "just
+    compacted" nudge never speaks of a summary that /new threw away."""
+    async def turn(text: str) -> str:
+        before = len(fake_eve.sends())
+        await tg.message(text, user_id=OWNER)
+        await tg.wait_for(lambda: len(fake_eve.sends()) > before, 30, "send")
+        await idle(tg, nb_daemon)
+        return fake_eve.sends()[-1]["clientContext"]
+
+    async def new() -> None:
+        before = len(tg.texts())
+        await tg.message("/new", user_id=OWNER)
+        await tg.wait_texts(before + 1, timeout=30)
+        await idle(tg, nb_daemon)
+
+    await turn("a [[tokens=104000]]")
+    assert "Only 6 000 tokens are left" in await turn("b [[tokens=104500]]")
+    await new()
+    await turn("c [[tokens=104000]]")
+    assert "Only 6 000 tokens are left" in await turn("d")  # a new window: invited again
+    await turn("e [[tokens=120000]]")
+    await tg.wait_for(lambda: nb_daemon.chat(str(OWNER))["compactions"] == 1, 30, "compaction")
+    await idle(tg, nb_daemon)
+    await new()
+    assert "just compacted" not in (await turn("f") or "")

@@ -55,14 +55,15 @@ async def turn(tg, d, text: str, count: int, **kw: Any) -> None:
 async def test_a_note_saved_by_the_model_rides_the_next_turn_and_survives_compaction_and_new(tg, real_eve, daemon):
     """N3/N6/N8 on the real eve: save by tool call → database → next turn's clientContext; after a
     parking compaction and after /new it is still there."""
-    await turn(tg, daemon, f"nb1 remember this {SAVE}", 1)
+    await turn(tg, daemon, f"nb1 remember this {SAVE}", 2)
     assert notes(daemon, str(OWNER)) == {"shop": "milk, eggs"}
     saved = requests_for(real_eve, "nb1")[-1]["tool_results"][-1]
     assert json.loads(saved["content"])["saved"] == "shop"
-    assert tg.texts()[-1].startswith("tool done")  # the tool call itself is not a Telegram message
+    assert tg.texts()[-2].startswith("tool done")  # the tool call itself is not a Telegram message
+    assert tg.texts()[-1] == "📝 Notebook: shop (new)"  # the write is (seed 000: every write visible)
 
     compactions = sum(1 for r in real_eve.llm_requests() if r.get("kind") == "compaction")  # one eve for the session
-    await turn(tg, daemon, "nb2 what do I buy [[tokens=120000]]", 2)
+    await turn(tg, daemon, "nb2 what do I buy [[tokens=120000]]", 3)
     ctx = client_context(requests_for(real_eve, "nb2")[0])
     assert len(ctx) == 1 and ctx[0].startswith("Client context:\n[state]") and "## shop | shopping list\nmilk, eggs" in ctx[0]
     # 120 000 is over the parking threshold of a 128 000 window: parking compacts after nb2.
@@ -70,15 +71,15 @@ async def test_a_note_saved_by_the_model_rides_the_next_turn_and_survives_compac
     await idle(tg, daemon)
     assert sum(1 for r in real_eve.llm_requests() if r.get("kind") == "compaction") == compactions + 1
 
-    await turn(tg, daemon, "nb3 after compaction", 3)
+    await turn(tg, daemon, "nb3 after compaction", 4)
     ctx = client_context(requests_for(real_eve, "nb3")[0])
     assert "milk, eggs" in ctx[0] and "just compacted" in ctx[0]  # the one-time nudge (N6)
 
     await tg.message("/new", user_id=OWNER)
-    await tg.wait_texts(4, timeout=60)
+    await tg.wait_texts(5, timeout=60)
     assert "The notebook kept its 1 note(s)." in tg.texts()[-1]
     await idle(tg, daemon)
-    await turn(tg, daemon, "nb4 fresh session", 5)
+    await turn(tg, daemon, "nb4 fresh session", 6)
     ctx = client_context(requests_for(real_eve, "nb4")[0])
     assert "## shop | shopping list\nmilk, eggs" in ctx[0]
 

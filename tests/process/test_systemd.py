@@ -66,3 +66,12 @@ async def test_daemon_notifies_ready_watchdog_and_stopping(tg, fake_eve, daemon_
     finally:
         reader.cancel()
         sock.close()
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
+def test_exits_a_restart_cannot_change_are_not_restarted(unit):
+    """A newer Iva's schema (6) and another bot's state (7) end in one line; systemd must not loop on them."""
+    from bridge.app import EXIT_OTHER_BOT, EXIT_SCHEMA_NEWER
+
+    [line] = [x for x in unit.read_text().splitlines() if x.startswith("RestartPreventExitStatus=")]
+    assert {str(EXIT_SCHEMA_NEWER), str(EXIT_OTHER_BOT)} <= set(line.partition("=")[2].split())

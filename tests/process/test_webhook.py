@@ -7,14 +7,21 @@ the same one again after a non-2xx answer or a connection error; a 2xx confirms 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import sqlite3
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
+from aiogram import Bot
 
+from bridge.app import make_bot
+from bridge.backoff import Backoff
 from bridge.config import ConfigError, Settings
 from bridge.intake.ingest import ALLOWED_UPDATES
+from bridge.intake.webhook import Webhook
 from tests.conftest import OWNER, STRANGER, Daemon, free_port
 from tests.daemons import check_env, iva_check
 from tests.fakes.telegram import TOKEN
@@ -232,3 +239,95 @@ async def test_check_wants_https_and_no_delivery_error(tg, fake_eve):
     tg.garble["getWebhookInfo"] = 1  # an answer it cannot read: one line
     code, out = await iva_check(https)
     assert code != 0 and "getWebhookInfo failed" in out and "Traceback" not in out, out
+
+
+async def test_a_secret_header_that_is_not_utf8_is_401_not_500(tg, fake_eve, daemon_factory):
+    """Bytes that are not UTF-8 in the secret header are a wrong secret: 401, no traceback."""
+    hook = webhook_env()
+    daemon = daemon_factory(fake_eve.url, fake_eve.token, **hook)
+    await daemon.start()
+    port = int(hook["IVA_WEBHOOK_LISTEN"].rpartition(":")[2])
+    body = json.dumps({"update_id": 777_003, **tg.make_message("forged", user_id=OWNER)}).encode()
+    for secret in (b"\xff\xfe", SECRET.encode() + b"\x80", b"\xc3("):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST " + HOOK_PATH.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nX-Telegram-Bot-Api-Secret-Token: " + secret
+                     + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        await writer.drain()
+        status = await reader.readuntil(b"\r\n")
+        writer.close()
+        assert status.startswith(b"HTTP/1.1 401"), (secret, status)
+    await daemon.settled()
+    assert tg.texts() == [] and "Traceback" not in daemon.logs()
+
+
+def test_an_http_webhook_url_is_refused_unless_a_local_bot_api_server_calls_it():
+    """Telegram's Bot API refuses http:// at setWebhook (a retry loop): refused at the start; a local
+    Bot API server (``--local``) takes plain http, so it passes there."""
+    base = {"IVA_TELEGRAM_TOKEN": TOKEN, "IVA_EVE_URL": "http://127.0.0.1:1", "IVA_OWNER_IDS": "1",
+            "IVA_TELEGRAM_WEBHOOK_URL": "http://bot.example.org/tg", "IVA_TELEGRAM_WEBHOOK_SECRET": SECRET}
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env(base)
+    assert any("'http://bot.example.org/tg' is not https" in p for p in caught.value.problems), caught.value.problems
+    local = Settings.from_env({**base, "IVA_TELEGRAM_API_URL": "http://127.0.0.1:8081"})
+    assert local.webhook_url == "http://bot.example.org/tg"
+
+
+class _Ingest:
+    """What the webhook's run loop reads of the ingest: the bot, the watchdog's mark, the album clock."""
+
+    def __init__(self, bot: Bot) -> None:
+        self.bot = bot
+        self.alive_at = 0.0
+        self.transitions = SimpleNamespace(caught_up=lambda: None)
+
+
+async def test_a_busy_port_or_a_refused_set_webhook_is_retried_with_the_watchdog_fed(tg):
+    """Neither is a wedged loop: a restart fails the same way. Tried again (backoff.WEBHOOK), the
+    watchdog's mark kept fresh meanwhile; served and set once the operator fixed it."""
+    settings = Settings.from_env({"IVA_TELEGRAM_TOKEN": TOKEN, "IVA_TELEGRAM_API_URL": tg.url,
+                                  "IVA_EVE_URL": "http://127.0.0.1:1", "IVA_OWNER_IDS": "1"})
+    bot = make_bot(settings)
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    ingest = _Ingest(bot)
+    hook = Webhook(ingest, url=f"http://127.0.0.1:{port}{HOOK_PATH}", secret=SECRET,  # type: ignore[arg-type]
+                   listen=f"127.0.0.1:{port}", retry=Backoff(base=0.2, cap=0.4, jitter=0.0))
+    tg.fail("setWebhook", 400, "Bad Request: bad webhook: Failed to resolve host", times=3)
+    run = asyncio.create_task(hook.run())
+    try:
+        await tg.wait_for(lambda: ingest.alive_at > 0, 10, "the watchdog fed while the port is busy")
+        fed = ingest.alive_at
+        await tg.wait_for(lambda: ingest.alive_at > fed, 10, "fed again at the next try")
+        assert tg.calls_of("setWebhook") == []  # nothing set before it listens
+        holder.close()
+        await tg.wait_for(lambda: len(tg.calls_of("setWebhook")) >= 2, 10, "setWebhook tried again")
+        fed = ingest.alive_at
+        await tg.wait_for(lambda: ingest.alive_at > fed and tg.webhook is None, 10, "fed while it is refused")
+        await tg.wait_for(lambda: tg.webhook is not None, 10, "set once Telegram takes it")
+        assert len(tg.calls_of("setWebhook")) == 4
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        holder.close()
+        await bot.session.close()
+
+
+async def test_metrics_in_webhook_mode_are_the_webhooks(tg, fake_eve, daemon_factory):
+    """iva_telegram_mode says which mode runs; in webhook mode the delivery's age and Telegram's view
+    are exported (the poll's age, which grows there, is not what an alert should read)."""
+    daemon = daemon_factory(fake_eve.url, fake_eve.token, **webhook_env())
+    await daemon.start()
+    await tg.message("hello by hook", user_id=OWNER)
+    await tg.wait_texts(1)
+    await daemon.settled()
+    async with aiohttp.ClientSession() as session, session.get(daemon.api_url + "/metrics") as answer:
+        text = await answer.text()
+    values = {line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in text.splitlines()
+              if line.startswith("iva_")}
+    assert values['iva_telegram_mode{mode="webhook"}'] == 1 and 'iva_telegram_mode{mode="polling"}' not in values
+    assert values["iva_webhook_healthy"] == 1 and values["iva_webhook_pending_updates"] >= 0  # as Telegram last said
+    assert 0 <= values["iva_webhook_delivery_age_seconds"] < 30

@@ -5,6 +5,7 @@ fakes (tests/harness.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -111,3 +112,51 @@ async def test_a_refused_press_is_shown_to_the_presser_alone(group_bot: Harness,
     await group_bot.settled()
     assert to(tg, None)[-1].endswith("answered: cancel")
     assert len(to(tg, None)) == 2  # the question and its answer: nothing of the refusal for the group
+
+
+async def test_new_in_a_group_follows_stops_rule(group_bot: Harness, tg: FakeTelegram):
+    """/new cancels the running turn and drops everyone's waiting messages: in a group only an
+    owner or a person the running turn answers may while it runs; anyone while the chat is idle."""
+    await tg.message(f"@{BOT_USERNAME} slow one [[delay=3]]", user_id=FRIEND, chat_id=GROUP, chat_type="supergroup",
+                     entities=[{"type": "mention", "offset": 0, "length": len(BOT_USERNAME) + 1}])
+    await group_bot.until(lambda: (c := group_bot.maybe_chat(str(GROUP))) is not None and c.busy, what="busy")
+    await say(tg, "/new", OTHER)  # not their turn
+    await tg.wait_for(lambda: to(tg, OTHER), 10, "the refusal")
+    assert to(tg, OTHER) == ["Only the person I'm answering (or an owner) can start a new conversation now."]
+    await group_bot.settled()
+    assert to(tg, None) == ["echo: Ann: slow one"]  # the turn went on, for everyone
+    chat = await group_bot.chat(str(GROUP))
+    assert not chat.reset_requested and chat.eve_session
+
+    await say(tg, "/new", OTHER)  # idle now: anyone may
+    await group_bot.settled()
+    assert to(tg, None)[-1] == "New conversation started."
+
+
+async def _crash_while_answering(h: Harness, tg: FakeTelegram, text: str, chat_id: int, chat_type: str) -> None:
+    """``text`` from the owner; Telegram holds the answer until the bridge is dead; then the restart."""
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(params: dict[str, Any]) -> None:
+        held.set()
+        await release.wait()  # Telegram answers only once the process is dead: nothing was sent
+
+    tg.hooks["sendMessage"] = hold
+    await tg.message(text, user_id=OWNER, chat_id=chat_id, chat_type=chat_type)
+    await asyncio.wait_for(held.wait(), 15)
+    await h.crash()
+    del tg.hooks["sendMessage"]
+    release.set()
+    await tg.wait_for(lambda: not tg.in_flight("sendMessage"), 15, "the held call to end")
+    await h.start()
+    await h.settled()
+
+
+async def test_the_notes_answer_is_durable_in_private_and_in_a_group(group_bot: Harness, tg: FakeTelegram):
+    """/notes's answer commits with its dedupe mark: a crash before Telegram took it answers at
+    the restart, once — in private, and in a group to the owner alone."""
+    await _crash_while_answering(group_bot, tg, "/notes", OWNER, "private")
+    assert tg.texts(OWNER) == ["📓 The notebook of this chat is empty."]
+    await _crash_while_answering(group_bot, tg, "/notes", GROUP, "supergroup")
+    assert to(tg, OWNER) == ["📓 The notebook of this chat is empty."] and to(tg, None) == []
+    assert tg.texts(OWNER) == ["📓 The notebook of this chat is empty."]  # nothing more in private

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -231,3 +232,32 @@ async def test_a_compressed_stream_is_read_as_events():
         page = await client.read("s1", 0)
     assert [e.type for e in page.events] == ["turn.started", "session.waiting"]
     assert asked == ["identity"]
+
+
+def test_session_gone_is_one_class_of_the_ends_of_a_session() -> None:
+    gone = {eve.SessionNotFound, eve.SessionNotActive, eve.SessionExpired, eve.SessionStranded}
+    assert all(issubclass(c, eve.SessionGone) for c in gone)
+    assert not issubclass(eve.SessionNotReady, eve.SessionGone)  # still starting: retried, not replaced
+    assert not issubclass(eve.EveUnauthorized, eve.SessionGone)
+
+
+def test_every_error_the_bridge_defines_has_one_root() -> None:
+    import inspect
+    import pkgutil
+
+    import bridge
+    from bridge import errors
+    from bridge.errors import BridgeError
+
+    public: list[str] = []
+    for info in pkgutil.walk_packages(bridge.__path__, "bridge."):
+        if info.name.endswith("__main__"):
+            continue
+        module = __import__(info.name, fromlist=["_"])
+        for name, obj in vars(module).items():
+            if inspect.isclass(obj) and issubclass(obj, Exception) and obj.__module__ == info.name \
+                    and not name.startswith("_"):
+                public.append(name)
+                assert issubclass(obj, BridgeError), name
+                assert re.search(rf"\b{name}\b", errors.__doc__ or ""), name  # drawn in the tree
+    assert len(public) > 10

@@ -238,7 +238,7 @@ async def test_tools_list_and_healthz_answer_while_the_writer_holds_the_lock(sur
         status, body, _ = await asyncio.wait_for(surface.call("tools/list", {}), 10)
         assert status == 200 and {t["name"] for t in body["result"]["tools"]} == set(TOOLS) - {"chat_note_read"}
         listener = Listener("127.0.0.1:0", store=surface.tr.store, queue=surface.tr.queue,
-                            ingest=SimpleNamespace(last_poll_ok=time.time()))  # type: ignore[arg-type]
+                            ingest=SimpleNamespace(last_poll_ok=time.time(), storage_error=None))  # type: ignore[arg-type]
         response = await asyncio.wait_for(listener.healthz(None), 10)  # type: ignore[arg-type]
         assert response.status == 200
         assert json.loads(response.text or "")["busy_chats"] == 1

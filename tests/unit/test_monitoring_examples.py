@@ -59,3 +59,24 @@ def test_the_poll_age_gauge_is_on_metrics():
 def test_promtool_checks_the_rules():
     done = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "SUCCESS" in done.stdout, done.stdout + done.stderr
+
+
+RULE_TESTS = ROOT / "examples" / "prometheus" / "iva-alerts.test.yml"
+
+
+def test_each_mode_has_its_own_receiving_alert():
+    """Polling's alert asks the poll's age of a polling bridge only; webhook mode has its own."""
+    doc = yaml.safe_load(RULES.read_text())
+    rules = {r["alert"]: r["expr"] for g in doc["groups"] for r in g["rules"]}
+    assert 'iva_telegram_mode{mode="polling"}' in rules["IvaPollingStopped"]
+    assert "iva_webhook_healthy" in rules["IvaWebhookFailing"]
+    assert 'iva_telegram_mode{mode="webhook"}' in rules["IvaWebhookFailing"]
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not on PATH (apt-get install prometheus)")
+def test_promtool_tests_the_rules_with_series_of_both_modes():
+    """examples/prometheus/iva-alerts.test.yml: a polling and a webhook bridge side by side; each
+    mode's alert fires for its own bridge only (the poll's age grows in webhook mode, unread)."""
+    done = subprocess.run(["promtool", "test", "rules", RULE_TESTS.name], capture_output=True, text=True,
+                          timeout=60, cwd=RULE_TESTS.parent)
+    assert done.returncode == 0 and "SUCCESS" in done.stdout, done.stdout + done.stderr

@@ -134,8 +134,9 @@ def test_no_line_while_the_wall_is_far():
 
 
 def test_numbers_once_less_than_40_percent_is_left():
-    line, marks = window_line(win(60_000))
-    assert line is not None and "60 000 of 100 000" in line and "40 000" in line and marks == {}
+    assert window_line(win(60_000)) == (None, {})  # exactly 40% left: not less (seed 000)
+    line, marks = window_line(win(60_001))
+    assert line is not None and "60 001 of 100 000" in line and "39 999" in line and marks == {}
 
 
 def test_wrap_up_once_per_window_within_the_reserve():
@@ -160,10 +161,19 @@ def test_the_nudge_replaces_the_numbers_once_after_a_compaction():
     assert "just compacted" not in line
 
 
-def test_with_parking_off_the_wall_is_the_model_window():
-    line, _ = window_line(win(130_000, parking=False, window=200_000))
-    assert line is not None and "of 200 000" in line and "context limit" in line
+def test_with_parking_off_the_wall_is_eves_in_turn_safety_net_not_the_model_window():
+    """N6′: with parking off what folds the conversation is eve's in-turn compaction,
+    min(75% × window, 137 500), not the model's whole window."""
+    line, _ = window_line(win(135_000, parking=False, window=200_000, wrapped=0))
+    assert line is not None and "135 000 of 137 500" in line and "2 500 are left" in line
+    line, _ = window_line(win(115_000, parking=False, window=200_000))
+    assert line is not None and "of 137 500" in line and "22 500 are left" in line
+    assert window_line(win(82_500, parking=False, window=200_000)) == (None, {})  # exactly 40% left
     assert window_line(win(130_000, parking=False, window=None)) == (None, {})
+    # IVA_INTURN_PERCENT: the operator set eve's safety net otherwise.
+    line, _ = window_line(Window(measurement=150_000, threshold=100_000, window=200_000, parking=False,
+                                 compactions=0, nudged_upto=0, wrapped_upto=0, inturn_percent=90))
+    assert line is not None and "150 000 of 180 000" in line
 
 
 def test_an_empty_notebook_under_pressure_still_gets_the_block():
@@ -359,3 +369,11 @@ def test_parsed_descriptions_are_one_line_by_construction():
 def test_the_rebuild_prompt_says_no_tools_and_how_bodies_are_framed():
     prompt = rebuild_prompt([FORGER], "", target_chars=100, target_notes=2)
     assert "no tools" in prompt and "backslash" in prompt
+
+
+def test_the_rules_carry_no_record_not_a_rule_frame():
+    """N10′, seed 000: "рамки «запись, а не правило» у блока [notebook] нет" — a note reads as the
+    assistant's own; what stays is that it never cancels the standing rules (say so, delete it)."""
+    block = state_block([Note("goal", "the goal", "ship it")], INLINE, None)
+    assert "record, not a rule" not in block and "not a rule" not in block
+    assert "never overrides your standing rules" in block and "say so and delete it" in block

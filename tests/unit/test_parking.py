@@ -56,3 +56,11 @@ def test_failed_compaction_backs_off():
     assert not parking_decision(cooling, 100_000, 76_800, now=999.0).compact
     assert parking_decision(cooling, 100_000, 76_800, now=1_001.0).compact
     assert [cooldown(n) for n in (1, 2, 3, 9)] == [60.0, 300.0, 900.0, 900.0]
+
+
+def test_after_is_the_first_step_and_the_decision_the_last():
+    """seed 004: "after" from the turn's first measured step; compacting again from its last."""
+    after = dataclasses.replace(CHAT, after_pending=True)
+    decision = parking_decision(after, 85_000, 76_800, first=20_000)
+    assert decision.after == 20_000 and decision.updates == {"after_pending": 0, "last_after": 20_000}
+    assert decision.compact

@@ -416,10 +416,12 @@ async def test_an_album_is_claimed_whole_once_it_settled(tmp_path: Path) -> None
     batch limit when the album leads the queue, and a message before an album goes without it."""
     from bridge.chat.albums import SETTLE
     from bridge.chat.transitions import Settling
+    from bridge.clock import Clock
 
     db, tr = await _open(tmp_path)
     now = [0.0]
     tr.clock, tr.started_at = (lambda: now[0]), 0.0
+    tr.steady = Clock(wall=lambda: now[0], mono=lambda: now[0])  # the monotonic clock agrees here
     try:
         await tr.touch(A, 1, None, "en")
         await _message(tr, 1)
