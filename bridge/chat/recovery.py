@@ -20,7 +20,7 @@ from .delivery import Lost, Unheard, send
 from .endings import NotHeard, Refused, SessionLost, end
 from .services import Services, Slot
 
-__all__ = ["drive", "resume"]
+__all__ = ["drive", "released_announced", "resume"]
 
 logger = log.get("bridge.chat.recovery")
 
@@ -77,6 +77,27 @@ async def resume(s: Services, inbox: Inbox, chat: Chat) -> None:
             await drive(s, inbox, chat.address, chat.claim, inflight)
             return
     await BusyPeriod(s, inbox, chat).run()
+
+
+async def released_announced(s: Services, chat: Chat) -> bool:
+    """C6 across a restart: a released compaction's watch lives in the process that released
+    it, so after a restart nothing reads eve's stream for the late announcement. Before a
+    message of such a chat is claimed for a turn, eve's stream is read from the cursor; if eve
+    announced the compaction, the chat is taken again as compacting (resumed from the cursor as
+    any busy compaction) and the message waits behind it, never sent into it (seed 004). True
+    when the chat was taken."""
+    if not chat.eve_session or chat.reset_mark:
+        return False
+    try:
+        page = await s.eve.read(chat.eve_session, chat.cursor)
+    except eve.EveError:
+        return False  # the turn's own read decides, as before
+    if not any(isinstance(e, eve.CompactionRequested) for e in page.events):
+        return False
+    taken = await s.transitions.recapture(chat.address) is not None
+    if taken:
+        logger.info("released_compaction_recaptured_at_claim")
+    return taken
 
 
 async def _eve_is_up(s: Services) -> bool:

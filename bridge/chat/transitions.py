@@ -649,17 +649,15 @@ class Transitions:
 
     async def repair_at_start(self) -> int:
         """Before any worker runs: in-flight messages of chats that are not busy go back to the
-        queue (a crash between claim and busy cannot happen, but an old schema's could), and a
-        released watch is over (no process watches it now; eve's compaction events, if any, show
-        up in the next turn's stream). Returns the number of messages requeued."""
+        queue (a crash between claim and busy cannot happen, but an old schema's could). A
+        released chat stays released: its worker reads eve's stream before anything is sent
+        (C6; recovery.released_announced). Returns the number of messages requeued."""
         async with self.store.db.transaction():
             busy = {c.address for c in await self.store.busy_chats()}
             requeued = 0
             for address in await self.queue.addresses_with(State.INFLIGHT):
                 if address not in busy:
                     requeued += await self.queue.requeue_inflight(address)
-            for address in await self.store.released_chats():
-                await self._write(address, _IDLE)
         await self._anchor_clock()
         return requeued
 

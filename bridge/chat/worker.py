@@ -22,9 +22,9 @@ from .. import backoff, log
 from ..metrics import METRICS
 from ..telegram.texts import t
 from .consumer import POKE, Inbox
-from .recovery import drive, resume
+from .recovery import drive, released_announced, resume
 from .services import Services, Slot, files_budget
-from .transitions import Settling
+from .transitions import ChatState, Settling, state_of
 
 __all__ = ["ChatWorker", "Scheduler"]
 
@@ -64,6 +64,7 @@ class Scheduler:
         addresses.update(await s.queue.addresses_with())
         addresses.update(await s.store.addresses_with_pending_outgoing())
         addresses.update(await s.store.chats_wanting_reset())
+        addresses.update(await s.store.released_chats())  # C6: a released compaction nobody watches now
         for address in sorted(addresses):
             self.wake(address)
         return len(addresses)
@@ -148,6 +149,13 @@ class ChatWorker:
                     await resume(s, self.inbox, chat)
                     eve_failures = 0
                     continue
+                if state_of(chat) is ChatState.RELEASED:
+                    # C6: eve may have announced the released compaction (after a restart nothing
+                    # watched for it): then it is ours again and a message waits behind it.
+                    if await released_announced(s, chat):
+                        continue
+                    if not await s.queue.depth(self.address):
+                        return  # nothing waits: the next message reads eve's stream again
                 if not await self._start_turn():
                     if self._poked.is_set():
                         continue

@@ -318,44 +318,91 @@ async def test_abandoned_compaction_is_closed_after_the_busy_timeout(tg, fake_ev
     assert tg.texts()[3] == "The compaction was interrupted. Please send /compact again."
 
 
-async def test_after_is_the_next_turns_first_step_not_its_last(tg, fake_eve, bridge):
+async def test_after_is_the_next_turns_first_step_not_its_last(tg, fake_eve, in_process_factory):
     """seed 004: "after" is the next turn's first measured input. A tool-using turn that starts at
     20 000 and ends at 85 000 after its tool output does not turn parking off; parking still
     decides on the last step (85 000 ≥ 76 800: it compacts again)."""
+    in_process = in_process_factory(IVA_CONTEXT_WINDOW="128000")  # the daemon's window from the fake's /info
+    await in_process.start()
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
     await tg.wait_texts(1)
-    await wait_chat(bridge, tg, lambda c: idle(c) and c["after_pending"] == 1, "compacted")
+    await wait_chat(in_process, tg, lambda c: idle(c) and c["after_pending"] == 1, "compacted")
     await tg.message("tools [[steps=20000,50000,85000]]", user_id=OWNER)
     await tg.wait_texts(2)
-    chat = await wait_chat(bridge, tg, lambda c: idle(c) and c["compactions"] == 2, "compacted again")
+    chat = await wait_chat(in_process, tg, lambda c: idle(c) and c["compactions"] == 2, "compacted again")
     assert chat["compaction_disabled"] == 0 and chat["last_after"] == 20_000
     assert route_order(fake_eve).count("compact") == 2
 
 
-async def test_manual_compact_after_line_is_the_next_turns_first_step(tg, fake_eve, bridge):
+async def test_manual_compact_after_line_is_the_next_turns_first_step(tg, fake_eve, in_process):
     """M5, seed 004: the /compact "after" line reports the next turn's first measured input."""
     await tg.message("long talk [[tokens=50000]]", user_id=OWNER)
     await tg.wait_texts(1)
-    await wait_chat(bridge, tg, idle, "idle")
+    await wait_chat(in_process, tg, idle, "idle")
     await tg.message("/compact", user_id=OWNER)
     await tg.wait_texts(3)
-    await wait_chat(bridge, tg, idle, "idle")
+    await wait_chat(in_process, tg, idle, "idle")
     await tg.message("tools [[steps=12000,40000]]", user_id=OWNER)
     await tg.wait_texts(5)
     assert tg.texts()[4] == "After compaction: 12 000 tokens (was 50 000)."
 
 
-async def test_compact_during_an_automatic_compaction_promises_nothing_it_will_not_say(tg, fake_eve, bridge):
+async def test_compact_during_an_automatic_compaction_promises_nothing_it_will_not_say(tg, fake_eve, in_process):
     """C11, seed 004: an automatic compaction is silent, so /compact during it must not say
     "I'll say when it's done" (nothing would ever be said)."""
     fake_eve.summary_delay = 2
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
     await tg.wait_texts(1)
-    await wait_chat(bridge, tg, compacting, "compacting")
+    await wait_chat(in_process, tg, compacting, "compacting")
     await tg.message("/compact", user_id=OWNER)
     await tg.wait_texts(2)
     assert tg.texts()[1] == ("I'm compacting the conversation already, on my own; your next message is "
                              "answered right after.")
-    await wait_chat(bridge, tg, lambda c: idle(c) and c["compactions"] == 1, "compacted")
-    await bridge.settled()
+    await wait_chat(in_process, tg, lambda c: idle(c) and c["compactions"] == 1, "compacted")
+    await in_process.settled()
     assert len(tg.texts()) == 2
+
+
+async def test_compact_right_after_a_restart(tg, fake_eve, in_process):
+    """M1/M4 across a crash: the conversation's measurement survives the restart, so /compact
+    sent first thing after it compacts the kept session once, with its before and done lines."""
+    await tg.message("long talk [[tokens=50000]]", user_id=OWNER)
+    await tg.wait_texts(1)
+    await in_process.settled()
+    session = in_process.chat(A)["eve_session"]
+    await in_process.crash()
+    await in_process.start()
+    await tg.message("/compact", user_id=OWNER)
+    await tg.wait_texts(3, timeout=20)
+    await in_process.settled()
+    texts = tg.texts()
+    assert texts[1] == "Compacting the conversation (50 000 tokens). If I restart meanwhile, send /compact again."
+    assert texts[2].startswith("Done: the conversation is compacted") and len(texts) == 3
+    assert route_order(fake_eve) == ["send:long", "compact"]
+    chat = in_process.chat(A)
+    assert idle(chat) and chat["eve_session"] == session and chat["compactions"] == 1
+
+
+async def test_a_restart_while_a_late_accepted_compaction_has_released_the_chat(tmp_path, tg, fake_eve):
+    """C6 across a crash: eve accepted the parking compaction late, the bridge had released the
+    chat to watch for it, and the bridge restarts while eve still compacts. A message after the
+    restart is never sent into the running compaction: it is answered once, after it, and the
+    chat ends idle with the compaction counted and nothing left outstanding."""
+    from bridge.storage.store import CompactPhase
+    from tests.scenarios import behind_a_late_compaction, eve_compacting
+
+    h = await behind_a_late_compaction(tmp_path, tg, fake_eve, summary_delay=2.0)
+    try:
+        await h.crash()
+        await h.start()
+        await h.until(lambda: eve_compacting(fake_eve), what="eve running the compaction")
+        await tg.message("second", user_id=OWNER)
+        await h.settled(30)
+        assert fake_eve.sends_while_compacting == 0
+        assert tg.texts().count("echo: second") == 1, tg.texts()
+        assert tg.texts()[0] == "echo: big"
+        chat = await h.chat()
+        assert chat.status == "idle" and chat.compact_phase is not CompactPhase.RELEASED, chat
+        assert chat.compactions == 1 and route_order(fake_eve).count("compact") == 1
+    finally:
+        await h.stop()
