@@ -7,6 +7,7 @@ any sign of a tool call is voided.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -188,3 +189,42 @@ async def test_any_sign_of_a_tool_call_voids_the_rebuild_at_once(parts, sign):
         assert (await store.spend(GROUP))["notes"]["calls"] == 1  # what it cost is still the chat's
     # Not again until the notebook changes.
     assert await Rebuilder(notebook, store, client).maybe_run(GROUP) == "not_needed"  # type: ignore[arg-type]
+
+
+class FailingEve(ScriptedEve):
+    """A rebuild's eve that fails where asked: creating the session, or mid-stream."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(script())
+        self.where = where
+
+    async def create_session(self, message: str | None = None, **_: Any) -> str:
+        if self.where == "create":
+            raise eve.EveConnectError("eve is down")
+        return await super().create_session(message)
+
+    async def stream(self, session: str, start_index: int = 0) -> AsyncIterator[eve.Event]:
+        async for event in super().stream(session, start_index):
+            if self.where == "stream" and self.read == 2:
+                raise RuntimeError("the stream broke")
+            yield event
+
+
+@pytest.mark.parametrize("where", ["create", "stream"])
+async def test_a_failing_rebuild_never_touches_the_turn(parts, where):
+    """N7: the rebuild runs beside the conversation, in a throwaway session. When it fails (eve
+    down, a broken stream) it says so in what it returns and nothing else: the chat's record —
+    its session, measurement, state and claim — and its queue are as they were, and the old
+    notebook stays."""
+    db, queue, store = parts
+    notebook = await big_notebook(db, store)
+    await store.update_chat(GROUP, eve_session="wrun_conversation", measurement=42_000)
+    await queue.enqueue(GROUP, message("waiting", owner=True, n=1), dedupe_key="tg:-100:1")
+    before = dataclasses.asdict(await store.chat(GROUP))
+    result = await Rebuilder(notebook, store, FailingEve(where)).maybe_run(GROUP)  # type: ignore[arg-type]
+    assert result != "rebuilt"
+    after = dataclasses.asdict(await store.chat(GROUP))
+    changed = {k for k in before if before[k] != after[k]}
+    assert changed <= {"notes_rebuild_failed"}, changed
+    assert after["eve_session"] == "wrun_conversation" and after["measurement"] == 42_000
+    assert await queue.depth(GROUP) == 1 and len(await notebook.notes(GROUP)) == 42
