@@ -318,6 +318,7 @@ async def test_abandoned_compaction_is_closed_after_the_busy_timeout(tg, fake_ev
     assert tg.texts()[3] == "The compaction was interrupted. Please send /compact again."
 
 
+@pytest.mark.process
 async def test_after_is_the_next_turns_first_step_not_its_last(tg, fake_eve, bridge):
     """seed 004: "after" is the next turn's first measured input. A tool-using turn that starts at
     20 000 and ends at 85 000 after its tool output does not turn parking off; parking still
@@ -332,30 +333,30 @@ async def test_after_is_the_next_turns_first_step_not_its_last(tg, fake_eve, bri
     assert route_order(fake_eve).count("compact") == 2
 
 
-async def test_manual_compact_after_line_is_the_next_turns_first_step(tg, fake_eve, bridge):
+async def test_manual_compact_after_line_is_the_next_turns_first_step(tg, fake_eve, in_process):
     """M5, seed 004: the /compact "after" line reports the next turn's first measured input."""
     await tg.message("long talk [[tokens=50000]]", user_id=OWNER)
     await tg.wait_texts(1)
-    await wait_chat(bridge, tg, idle, "idle")
+    await wait_chat(in_process, tg, idle, "idle")
     await tg.message("/compact", user_id=OWNER)
     await tg.wait_texts(3)
-    await wait_chat(bridge, tg, idle, "idle")
+    await wait_chat(in_process, tg, idle, "idle")
     await tg.message("tools [[steps=12000,40000]]", user_id=OWNER)
     await tg.wait_texts(5)
     assert tg.texts()[4] == "After compaction: 12 000 tokens (was 50 000)."
 
 
-async def test_compact_during_an_automatic_compaction_promises_nothing_it_will_not_say(tg, fake_eve, bridge):
+async def test_compact_during_an_automatic_compaction_promises_nothing_it_will_not_say(tg, fake_eve, in_process):
     """C11, seed 004: an automatic compaction is silent, so /compact during it must not say
     "I'll say when it's done" (nothing would ever be said)."""
     fake_eve.summary_delay = 2
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
     await tg.wait_texts(1)
-    await wait_chat(bridge, tg, compacting, "compacting")
+    await wait_chat(in_process, tg, compacting, "compacting")
     await tg.message("/compact", user_id=OWNER)
     await tg.wait_texts(2)
     assert tg.texts()[1] == ("I'm compacting the conversation already, on my own; your next message is "
                              "answered right after.")
-    await wait_chat(bridge, tg, lambda c: idle(c) and c["compactions"] == 1, "compacted")
-    await bridge.settled()
+    await wait_chat(in_process, tg, lambda c: idle(c) and c["compactions"] == 1, "compacted")
+    await in_process.settled()
     assert len(tg.texts()) == 2

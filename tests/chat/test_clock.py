@@ -17,7 +17,7 @@ from bridge.web.listener import Listener
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness, open_store
-from tests.test_input_edits import file_parts
+from tests.scenarios import file_parts
 
 HOUR = 3600.0
 

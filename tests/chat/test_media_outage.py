@@ -15,7 +15,7 @@ from bridge.metrics import METRICS
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness
-from tests.test_voice import OGG, SCRIPT, TRANSCRIPT, command, parts, records, voice
+from tests.scenarios import OGG, SCRIPT, TRANSCRIPT, command, parts, records, voice
 
 PNG = b"\x89PNG\r\n\x1a\nfake image"
 
