@@ -15,6 +15,12 @@ The person pauses ``--think`` seconds between a reply and the next message, and 
 takes ``--summary-delay`` seconds, so a message sent while Iva compacts shows the C3 path.
 
     python -m bench.context [--turns 300] [--chars 12000] [--think 1.0] [--summary-delay 2.0]
+
+A tool-using day (``--tools N --tool-tokens T``): every turn makes N ``noop`` tool calls, so it has
+N + 1 model calls, and each tool's output adds T tokens to the next call's input. The fake LLM
+reports those inputs (``[[steps=A,B,C]]``): the bench keeps the conversation's size itself — the
+turns so far plus their tool output, back to ``SUMMARY_TOKENS`` when Iva or eve compacted — so a
+turn starts where the last one ended and grows within itself, as a real agent's does.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from bench.common import ROOT, Daemon, FakeTelegram, free_port, save, table, tmp
 EVE_PEER = Path(os.environ.get("IVA_EVE_PEER_DIR", ROOT.parent / "shared" / "eve-peer"))
 WINDOW = 1_000_000
 NOTICE = "Compacting the conversation, I'll answer soon."
+SUMMARY_TOKENS = 4_000  # a conversation just compacted: the system part, the tools, the summary
 WORDS = ("request handled in ms status ok user session cache miss retry backoff queue depth worker "
          "commit fsync latency error timeout upstream gateway token window summary parking").split()
 
@@ -84,7 +91,8 @@ def stop_eve(values: dict[str, str]) -> None:
 
 
 async def day(name: str, peer: dict[str, str], mcp_listen: str, *, turns: int, chars: int, think: float,
-              summary_delay: float, parking: bool, ceiling: int | None = None) -> dict[str, Any]:
+              summary_delay: float, parking: bool, ceiling: int | None = None, tools: int = 0,
+              tool_tokens: int = 0) -> dict[str, Any]:
     llm_url = peer["FAKE_LLM_BASE_URL"]
     llm(llm_url, "/control", {"reset": True})
     llm(llm_url, "/control", {"summary_delay": summary_delay})
@@ -106,13 +114,23 @@ async def day(name: str, peer: dict[str, str], mcp_listen: str, *, turns: int, c
     prompts: list[dict[str, Any]] = []
     prompt_waits: list[float] = []
     t_start = time.monotonic()
+    size, seen_compactions = SUMMARY_TOKENS, 0  # the tool-using day's conversation, as the bench keeps it
     try:
         for turn in range(turns):
+            text = paste(turn, chars)
+            if tools:
+                compactions_now, compacting = _compactions(state)
+                if compactions_now > seen_compactions or compacting:
+                    size, seen_compactions = SUMMARY_TOKENS, compactions_now + int(compacting)
+                first = size + chars // 4
+                steps = [first + k * tool_tokens for k in range(tools + 1)]
+                size = steps[-1] + 50
+                text += f"\n[[steps={','.join(map(str, steps))}]]" + " [[call=noop]]" * tools
             before = tg.sent_count
             notices_before = tg.texts().count(NOTICE)
             t0 = time.monotonic()
             sent_wall = time.time()
-            await tg.message(paste(turn, chars), user_id=1)
+            await tg.message(text, user_id=1)
             # The reply is the scripted model's echo; a prompt with buttons on the way (eve's
             # session-limit guardrail) is approved the way the person would, and counted.
             while not any(t.startswith(("echo:", "tool done")) for t in tg.texts()[before:]):
@@ -132,6 +150,7 @@ async def day(name: str, peer: dict[str, str], mcp_listen: str, *, turns: int, c
             await asyncio.sleep(think)
         # Let a last parking compaction finish before reading the log.
         await tg.wait_for(lambda: _idle(state), 120, "idle")
+        parking_off = _parking_off(state)
     finally:
         await daemon.stop()
         await tg.stop()
@@ -152,6 +171,7 @@ async def day(name: str, peer: dict[str, str], mcp_listen: str, *, turns: int, c
     median = sorted(latencies)[len(latencies) // 2]
     return {
         "run": name, "turns": turns, "chars_per_turn": chars, "think_s": think, "summary_delay_s": summary_delay,
+        "tools_per_turn": tools, "tokens_per_tool_output": tool_tokens, "parking_turned_off": parking_off,
         "threshold": threshold, "model_calls": len(chat),
         "max_input_tokens_per_step": max(r["prompt_tokens"] for r in chat),
         "total_input_tokens": sum(r["prompt_tokens"] for r in chat),
@@ -176,6 +196,29 @@ def _idle(state: Path) -> bool:
         conn.close()
 
 
+def _compactions(state: Path) -> tuple[int, bool]:
+    """The chat's compactions so far (Iva's and eve's in-turn ones), and whether one runs now."""
+    import sqlite3
+
+    conn = sqlite3.connect(state / "iva.sqlite3")
+    try:
+        row = conn.execute("SELECT compactions, status = 'busy' AND kind = 'compact' FROM chats").fetchone()
+        return (0, False) if row is None else (int(row[0]), bool(row[1]))
+    finally:
+        conn.close()
+
+
+def _parking_off(state: Path) -> bool:
+    import sqlite3
+
+    conn = sqlite3.connect(state / "iva.sqlite3")
+    try:
+        row = conn.execute("SELECT compaction_disabled FROM chats").fetchone()
+        return bool(row and row[0])
+    finally:
+        conn.close()
+
+
 class _Eve:
     """What bench.common.Daemon needs of an eve: its URL and token."""
 
@@ -191,6 +234,8 @@ def main() -> None:
     parser.add_argument("--summary-delay", type=float, default=2.0)
     parser.add_argument("--only", choices=["eve", "iva"])
     parser.add_argument("--ceiling", type=int, help="IVA_COMPACT_CEILING for the Iva run (default 110 000)")
+    parser.add_argument("--tools", type=int, default=0, help="noop tool calls per turn (a tool-using day)")
+    parser.add_argument("--tool-tokens", type=int, default=8_000, help="tokens each tool's output adds")
     args = parser.parse_args()
     mcp_listen = f"127.0.0.1:{free_port()}"
     peer = start_eve(tmpdir(), mcp_listen)
@@ -202,14 +247,14 @@ def main() -> None:
             print(f"{name}: {args.turns} turns of {args.chars} characters", flush=True)
             runs.append(asyncio.run(day(name, peer, mcp_listen, turns=args.turns, chars=args.chars, think=args.think,
                                         summary_delay=args.summary_delay, parking=parking,
-                                        ceiling=args.ceiling)))
+                                        ceiling=args.ceiling, tools=args.tools, tool_tokens=args.tool_tokens)))
     finally:
         stop_eve(peer)
     rows = [("metric", *(r["run"] for r in runs))]
     for key in ("max_input_tokens_per_step", "total_input_tokens", "model_calls", "compactions",
                 "ineffective_compactions", "compactions_while_a_reply_was_awaited",
                 "of_those_explained_by_the_notice", "messages_that_met_a_compaction_notice",
-                "eve_prompts_the_person_had_to_answer", "wall_s"):
+                "eve_prompts_the_person_had_to_answer", "parking_turned_off", "wall_s"):
         rows.append((key, *(f"{r[key]:,}".replace(",", " ") if isinstance(r[key], int) else str(r[key]) for r in runs)))
     result: dict[str, Any] = {"runs": runs}
     if len(runs) == 2:
@@ -217,7 +262,8 @@ def main() -> None:
         result["iva_total_vs_eve_alone"] = round(ratio, 4)
         rows.append(("iva total / eve alone", "", f"{ratio:.1%}"))
     print(table(rows))
-    print(f"written to {save('context' + (f'-ceiling{args.ceiling}' if args.ceiling else ''), result)}")
+    name = "context" + (f"-ceiling{args.ceiling}" if args.ceiling else "") + (f"-tools{args.tools}" if args.tools else "")
+    print(f"written to {save(name, result)}")
 
 
 if __name__ == "__main__":

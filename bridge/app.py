@@ -28,7 +28,7 @@ from aiohttp import web
 import eve_client as eve
 
 from . import backoff, log, systemd
-from .chat.services import ContextWindow, Services
+from .chat.services import ContextWindow, PeriodClock, Services
 from .chat.worker import Scheduler
 from .config import Settings, listener_problem
 from .intake.commands import Commands
@@ -229,7 +229,7 @@ class Bridge:
 class Seams:
     """What a test puts in place of a part of the graph (tests/harness.py); the defaults are the
     product's: the state's opener, the pacer's clock and sleep, eve's HTTP transport, the
-    reminders' wall clock, how the bot's session is closed, and whether the listener listens."""
+    reminders' wall clock, the busy periods' clock, how the bot's session is closed, and whether the listener listens."""
 
     open_state: Callable[[Path], Awaitable[OpenedState]] = open_state
     pacer_clock: Callable[[], float] | None = None
@@ -238,6 +238,7 @@ class Seams:
     wall: Callable[[], float] = time.time
     close_bot: Callable[[Bot], Awaitable[Any]] | None = None
     listen: bool = True
+    period_clock: PeriodClock | None = None  # the busy periods' time (bridge/chat/services.py)
 
 
 @dataclass(frozen=True)
@@ -295,7 +296,7 @@ async def open_bridge(settings: Settings, stack: contextlib.AsyncExitStack, *,
     notebook = Notebook(db, store, notebook_config(s))
     rebuilder = Rebuilder(notebook, store, client)
     services = Services.build(settings=s, eve_client=client, store=store, queue=queue, sender=sender,
-                              spawn=spawn, notebook=notebook, rebuilder=rebuilder)
+                              spawn=spawn, notebook=notebook, rebuilder=rebuilder, clock=seams.period_clock)
     requeued = await services.transitions.repair_at_start()
     pairing = await services.people.start_pairing(me.username)
     if pairing is not None:

@@ -10,6 +10,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from aiogram import Bot
@@ -25,6 +26,7 @@ import eve_client as eve
 from . import disk, log
 from .chat import parking
 from .config import DEFAULT_BUSY_TIMEOUT, ConfigError, Settings, state_dir_of
+from .notebook.service import salvage_notes
 from .people import pairing_note
 from .storage.store import SchemaMismatch, clear_dead, read_status
 from .telegram.sender import undecodable
@@ -181,6 +183,24 @@ def _notebook_connection(settings: Settings, raw: object) -> list[str]:
     return []
 
 
+def _restore_notes(args: argparse.Namespace) -> int:
+    """``iva restore-notes FILE``: the notebooks of a quarantined state database back into the live one."""
+    path = state_dir_of(args.state or os.environ.get("IVA_STATE_DIR") or os.environ.get("STATE_DIRECTORY")) \
+        / "iva.sqlite3"
+    source = Path(args.file)
+    if not path.exists() or not source.exists():
+        missing = path if not path.exists() else source
+        print(f"iva restore-notes: no database at {missing}", file=sys.stderr)
+        return 1
+    try:
+        notes, archives = salvage_notes(source, path)
+    except sqlite3.Error as exc:
+        print(f"iva restore-notes: cannot read the notes of {source}: {one_line(str(exc))}", file=sys.stderr)
+        return 1
+    print(f"iva restore-notes: {notes} note(s) and {archives} archived notebook(s) restored into {path}")
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
     """``iva status``: the state database as the daemon left it, read-only (works while it runs) —
     but for one thing: while the bot has no owner, a fresh one-time pairing link (P1)."""
@@ -293,9 +313,16 @@ def main(argv: list[str] | None = None) -> int:
                         "on them: IVA_EVE_SEND_ATTEMPTS or IVA_EVE_SEND_MAX_AGE)")
     status.add_argument("--clear-dead", action="store_true", help="forget the messages given up on, and their "
                         "warning (the one write beside a running daemon, with a pairing link's)")
+    restore = sub.add_parser("restore-notes", help="bring the notebooks back from a moved-aside (quarantined) "
+                             "state database: every note that reads cleanly, never over a newer one")
+    restore.add_argument("file", metavar="FILE", help="the quarantined file (iva.sqlite3.quarantined-…)")
+    restore.add_argument("--state", metavar="DIR", help="the state directory (default: IVA_STATE_DIR, "
+                         "$STATE_DIRECTORY, ./var)")
     args = parser.parse_args(argv)
     if args.command == "status":  # needs no configuration: only the database
         return _status(args)
+    if args.command == "restore-notes":
+        return _restore_notes(args)
 
     try:
         settings = Settings.from_env()

@@ -28,7 +28,7 @@ from aiogram import Bot
 from aiogram.types import User
 
 from bridge.app import Seams, open_bridge
-from bridge.chat.services import Services
+from bridge.chat.services import PeriodClock, Services
 from bridge.chat.worker import Scheduler
 from bridge.config import Settings
 from bridge.intake.ingest import Ingest
@@ -107,10 +107,11 @@ async def open_store(path: Path, **kwargs: Any) -> tuple[Database, DiskQueue, St
 class Harness:
     def __init__(self, state: Path, tg: FakeTelegram, fake_eve: FakeEve, *,
                  eve_transport: httpx.AsyncBaseTransport | None = None,
-                 clock: Any = None, **env: str) -> None:
+                 clock: Any = None, busy_clock: PeriodClock | None = None, **env: str) -> None:
         self.state = state
         self.eve_transport = eve_transport  # eve_client's own seam, for faults below HTTP
         self.clock = clock  # a test's clock for the pacer's holds (tests/fakes/clock.py), or None: real time
+        self.busy_clock = busy_clock  # a test's clock for the busy periods' time rules, or None: real time
         self.tg = tg
         self.fake_eve = fake_eve
         self.env = {
@@ -170,7 +171,8 @@ class Harness:
         seams = Seams(open_state=killing_state, eve_transport=self.eve_transport, wall=lambda: self.wall(),
                       pacer_clock=None if self.clock is None else self.clock,
                       pacer_sleep=None if self.clock is None else self.clock.sleep,
-                      close_bot=lambda bot: self._later(bot.session.close()), listen=False)
+                      close_bot=lambda bot: self._later(bot.session.close()), listen=False,
+                      period_clock=self.busy_clock)
         self._stack = contextlib.AsyncExitStack()
         opened = await open_bridge(self.settings, self._stack, spawn=self.spawn, get_me=get_me, seams=seams)
         assert opened is not None

@@ -6,7 +6,7 @@
    idle ─────────────────────────► busy(turn) ─────────────────────────► busy(compacting, auto)
    ▲ ▲ ◄───────────────────────────┘ │  park: below threshold              │  WANTED → POSTED
    │ │      give_back / fail_turn    │                                     │  → ACCEPTED
-   │ │                               │ session lost / stuck: lose          │  session.waiting:
+   │ │                               │ gone / stuck: session_lost          │  session.waiting:
    │ │                               ▼  (reset mark, fresh session)        │  finish_compaction
    │ └────────────── idle + reset mark ◄───────────────────────────────────┤
    │                                                                       │ ack window passed
@@ -19,7 +19,9 @@
    any state ── request_new (/new) ──► reset requested ── new_conversation ──► idle, fresh session
 
 Inside a state, transitions that move no arrow: ``session_opened``, ``session_dropped``,
-``delivered``, ``advance``, ``waiting_on_person``, ``in_turn_compacted``, ``turn_shared`` (a turn);
+``delivered``, ``advance``, ``waiting_on_person``, ``in_turn_compacted``, ``turn_shared``,
+``send_failed``, ``claim_steer``, ``steer_taken``, ``steer_returned`` (a turn; the last three:
+messages steered into it);
 ``compact_posted``, ``compact_accepted``, ``want_cancel``, ``cancel_sent``, ``notify_compacting``
 (a compaction); ``want_stop`` (a turn or a compaction: the stop button, /stop); ``touch``, ``mark_blocked``, ``bot_removed`` (any state); ``repair_at_start``
 (before any worker runs: in-flight messages of free chats back to the queue, released watches
@@ -36,11 +38,13 @@ Modules, in import order (each imports only those below it):
 * :mod:`.worker` — the scheduler and one task per address: claim, drive, /new;
 * :mod:`.recovery` — a busy record with no consumer (a restart, a captured /compact) resumed
   from its cursor; sending a claimed turn;
-* :mod:`.consumer` — the busy period on eve's stream: turn events, steering, prompts, parking,
-  the live draft and the stop;
+* :mod:`.consumer` — the busy period on eve's stream: a loop over its phases;
+* :mod:`.phases` — the phases (:mod:`.phases.turn`: turn events, prompts, parking, the live draft
+  and the stop; :mod:`.phases.steer`; :mod:`.phases.compaction`: the compaction — request, ack
+  window, cancel (C4), finish (C7) — and its released watch) and the typed inbox;
 * :mod:`.live` — the live draft of a private chat (L*): throttled frames, the progress line;
-* :mod:`.compaction` — the compaction phase: request, ack window, cancel (C4), finish (C7);
-* :mod:`.endings` — lose (R2, R3) and fail, with what the person hears;
+* :mod:`.endings` — ``end(outcome)``: a session lost (R2, R3), a refused or unheard turn, with
+  what the person hears;
 * :mod:`.delivery` and :mod:`.compose` — a turn's messages to eve;
 * :mod:`.services` — the frozen bundle of services the machinery is given;
 * :mod:`.outbox` — durable notices and replies on their way to Telegram;

@@ -1,8 +1,10 @@
-"""The ways a busy period ends badly, each a transition with what the person hears (R2, R3)."""
+"""How a busy period ends badly: one :func:`end` of an :data:`Outcome`, a transition with what the
+person hears (R2, R3)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from .. import log
 from ..metrics import METRICS
@@ -11,22 +13,85 @@ from ..storage.payloads import Kind, Origin, QueuedMessage, decode
 from ..telegram.texts import t
 from .services import Services
 
-__all__ = ["fail_turn", "lose", "say_unheard", "unheard"]
+__all__ = ["NotHeard", "Outcome", "Refused", "SessionLost", "end", "say_unheard"]
 
 logger = log.get("bridge.chat")
 
 
-async def lose(s: Services, address: str, claim: str | None, reason: str, *, answered: bool = False) -> None:
-    """The session is gone or stuck: free the chat with the session-reset mark (R2, R3).
+@dataclass(frozen=True, slots=True)
+class SessionLost:
+    """The session is gone, stranded or stuck (R2, R3). ``answered``: eve had ended the turn and
+    every message of it was answered (only eve's ``session.waiting`` never came)."""
 
-    The person whose turn was interrupted is told to repeat it — unless eve had ended the turn
-    and its answer was given (``answered``: only eve's ``session.waiting`` never came), when
-    they are only told that the next message starts a new conversation; an interrupted auto compaction
-    is silent; an interrupted /compact asks for /compact again. The next message starts a new
-    session at once, without waiting on a /reset that cannot succeed.
+    reason: str
+    answered: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """eve refused the message itself (``reason`` for the person), or it was stopped before eve
+    ever had it (``reason`` None: nothing to say). ``dead``: the messages were given up on (F6),
+    kept for ``iva status --dead`` with that reason."""
+
+    reason: str | None
+    dead: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NotHeard:
+    """Nothing of the turn could go to eve: its messages are recordings without a transcript (I4)."""
+
+    items: tuple[QueuedMessage, ...]
+
+
+Outcome = SessionLost | Refused | NotHeard
+
+
+async def end(s: Services, address: str, claim: str | None, outcome: Outcome) -> None:
+    """The one way a busy period ends badly: the transition with what the person hears.
+
+    * :class:`SessionLost` — free the chat with the session-reset mark. The person whose turn
+      was interrupted is told to repeat it — unless it was answered, when they are only told
+      that the next message starts a new conversation; an interrupted auto compaction is
+      silent; an interrupted /compact asks for /compact again. The next message starts a new
+      session at once, without waiting on a /reset that cannot succeed.
+    * :class:`Refused` — say so (unless stopped before it was sent), free the chat; the
+      messages are done with.
+    * :class:`NotHeard` — each sender is told in one line, the messages are done with, the
+      chat is free; eve never hears of it.
     """
+    match outcome:
+        case SessionLost():
+            await _lost(s, address, claim, outcome)
+            return
+        case NotHeard():
+            assert claim is not None
+            async with s.store.db.transaction():
+                await say_unheard(s, address, outcome.items)
+                await s.transitions.fail_turn(address, claim)  # busy(turn) → idle, the messages acknowledged
+            METRICS.turns.labels(outcome="unheard").inc()
+        case Refused(reason=None):
+            assert claim is not None
+            await s.transitions.fail_turn(address, claim)
+            return
+        case Refused(reason=str(reason)):
+            assert claim is not None
+            async with s.store.db.transaction():
+                chat, inflight = await s.transitions.fail_turn(address, claim)
+                if outcome.dead is not None:
+                    await s.store.bury(address, inflight, outcome.dead)
+                replied = [m for m in map(decode, (m.payload for m in inflight)) if isinstance(m, QueuedMessage)]
+                line = await failed_line(s.queue, chat, inflight, reason)
+                await s.outbox.say(chat, f"failed:{chat.claim}", line or t("turn_failed", chat.lang, reason=reason),
+                                   reply_to=replied[-1].message_id if replied else None)
+            METRICS.turns.labels(outcome="failed").inc()
+    await s.outbox.flush(address)
+
+
+async def _lost(s: Services, address: str, claim: str | None, outcome: SessionLost) -> None:
+    answered = outcome.answered
     async with s.store.db.transaction():
-        chat, inflight = await s.transitions.lose(address, claim)
+        chat, inflight = await s.transitions.session_lost(address, claim)
         replied = [m for m in map(decode, (m.payload for m in inflight)) if isinstance(m, QueuedMessage)]
         line = None if answered else await failed_line(s.queue, chat, inflight, t("pushed_lost_reason", chat.lang))
         if line is not None:
@@ -42,33 +107,7 @@ async def lose(s: Services, address: str, claim: str | None, reason: str, *, ans
     if chat.kind is not Kind.TURN:
         METRICS.compactions.labels(origin=str(chat.origin or Origin.AUTO), outcome="lost").inc()
     METRICS.turns.labels(outcome="lost").inc()
-    logger.warning("eve_session_lost", reason=reason, session=chat.eve_session, kind=chat.kind)
-    await s.outbox.flush(address)
-
-
-async def fail_turn(s: Services, address: str, claim: str, reason: str, *, dead: str | None = None) -> None:
-    """eve refused the message itself: say so, free the chat. ``dead``: the messages were given up
-    on (F6), kept for `iva status --dead` with that reason."""
-    async with s.store.db.transaction():
-        chat, inflight = await s.transitions.fail_turn(address, claim)
-        if dead is not None:
-            await s.store.bury(address, inflight, dead)
-        replied = [m for m in map(decode, (m.payload for m in inflight)) if isinstance(m, QueuedMessage)]
-        line = await failed_line(s.queue, chat, inflight, reason)
-        await s.outbox.say(chat, f"failed:{chat.claim}", line or t("turn_failed", chat.lang, reason=reason),
-                           reply_to=replied[-1].message_id if replied else None)
-    METRICS.turns.labels(outcome="failed").inc()
-    await s.outbox.flush(address)
-
-
-async def unheard(s: Services, address: str, claim: str, items: Sequence[QueuedMessage]) -> None:
-    """Nothing of the turn could go to eve — its messages are recordings without a transcript
-    (I4): each sender is told in one line, the messages are done with, the chat is free;
-    eve never hears of it."""
-    async with s.store.db.transaction():
-        await say_unheard(s, address, items)
-        await s.transitions.fail_turn(address, claim)  # busy(turn) → idle, the messages acknowledged
-    METRICS.turns.labels(outcome="unheard").inc()
+    logger.warning("eve_session_lost", reason=outcome.reason, session=chat.eve_session, kind=chat.kind)
     await s.outbox.flush(address)
 
 

@@ -15,9 +15,9 @@ from ..metrics import METRICS
 from ..storage.payloads import Kind, Origin, decode
 from ..storage.store import Chat, CompactPhase
 from ..telegram.texts import t
-from .consumer import BusyPeriod
+from .consumer import BusyPeriod, Inbox
 from .delivery import Lost, Unheard, send
-from .endings import fail_turn, lose, unheard
+from .endings import NotHeard, Refused, SessionLost, end
 from .services import Services, Slot
 
 __all__ = ["drive", "resume"]
@@ -25,7 +25,7 @@ __all__ = ["drive", "resume"]
 logger = log.get("bridge.chat.recovery")
 
 
-async def resume(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
+async def resume(s: Services, inbox: Inbox, chat: Chat) -> None:
     """Take a busy record from where it stands."""
     logger.info("busy_record_resumed", kind=chat.kind, origin=chat.origin, session=chat.eve_session,
                 cursor=chat.cursor, phase=chat.compact_phase)
@@ -37,13 +37,13 @@ async def resume(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
         await s.transitions.give_back(chat.address, chat.claim)  # claimed, but no session yet: eve never saw it
         return
     if chat.kind is not Kind.TURN:
-        await lose(s, chat.address, chat.claim, f"unknown busy kind {chat.kind!r}")
+        await end(s, chat.address, chat.claim, SessionLost(f"unknown busy kind {chat.kind!r}"))
         return
     if not chat.deliveries:
         try:
             page = await s.eve.read(chat.eve_session, chat.cursor)
         except eve.SessionGone as exc:
-            await lose(s, chat.address, chat.claim, str(exc))
+            await end(s, chat.address, chat.claim, SessionLost(str(exc)))
             return
         if not any(isinstance(e, eve.TurnStarted | eve.MessageReceived) for e in page.events):
             # Claimed and marked busy, but the send never reached eve: send it now — unless eve
@@ -52,7 +52,7 @@ async def resume(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
             inflight = await s.queue.inflight(chat.address)
             if chat.stop_wanted:
                 # Stopped before eve ever had it (a restart in between): it is not sent at all.
-                await s.transitions.fail_turn(chat.address, chat.claim)
+                await end(s, chat.address, chat.claim, Refused(None))
                 logger.info("stopped_before_sent", messages=[m.id for m in inflight])
                 return
             mine = [m for m in inflight if m.claim == chat.claim]
@@ -62,8 +62,8 @@ async def resume(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
             # far apart, must not hold the chat for ever); an outage is never counted (R6).
             if tried >= s.settings.send_attempts or (tried and age >= s.settings.send_max_age):
                 logger.error("eve_send_given_up", attempts=tried, age_s=round(age), messages=[m.id for m in inflight])
-                await fail_turn(s, chat.address, chat.claim, t("eve_server_error", chat.lang),
-                                dead=f"eve failed on it {tried}x" + (f" over {round(age)}s" if tried < s.settings.send_attempts else ""))
+                dead = f"eve failed on it {tried}x" + (f" over {round(age)}s" if tried < s.settings.send_attempts else "")
+                await end(s, chat.address, chat.claim, Refused(t("eve_server_error", chat.lang), dead=dead))
                 return
             events = page.events
             if events and (not isinstance(events[-1], eve.SessionWaiting)
@@ -89,7 +89,7 @@ async def _eve_is_up(s: Services) -> bool:
         return False
 
 
-async def drive(s: Services, inbox: asyncio.Queue[object], address: str, claim: str,
+async def drive(s: Services, inbox: Inbox, address: str, claim: str,
                 messages: Sequence[Message] | None = None, *, slot: Slot | None = None) -> None:
     """Send the turn's claimed messages (read back when not given) and follow the turn."""
     if messages is None:
@@ -110,24 +110,24 @@ async def drive(s: Services, inbox: asyncio.Queue[object], address: str, claim: 
         # of times (F6); an outage is waited out, never counted (R6).
         chat = await s.store.chat(address)
         if chat is not None and chat.eve_session and await _eve_is_up(s):  # the send's failure, not the session's
-            await s.queue.count_failure([m.id for m in messages], claim=claim)
+            await s.transitions.send_failed(address, claim, [m.id for m in messages])
         raise
     except Lost as exc:
-        await lose(s, address, claim, str(exc))
+        await end(s, address, claim, SessionLost(str(exc)))
         return
     except Unheard as exc:
-        await unheard(s, address, claim, exc.items)
+        await end(s, address, claim, NotHeard(exc.items))
         return
     except eve.EveRejected as exc:
         logger.error("eve_rejected_message", error=str(exc))
-        await fail_turn(s, address, claim, f"eve: {exc.status}")
+        await end(s, address, claim, Refused(f"eve: {exc.status}"))
         return
     chat = await s.store.chat(address)
     assert chat is not None
     await BusyPeriod(s, inbox, chat, slot=slot).run()
 
 
-async def _resume_compaction(s: Services, inbox: asyncio.Queue[object], chat: Chat) -> None:
+async def _resume_compaction(s: Services, inbox: Inbox, chat: Chat) -> None:
     assert chat.eve_session and chat.claim
     if chat.compact_phase is CompactPhase.WANTED:
         # Held for it, never requested (a /compact just captured, or parking's move into it cut by
@@ -138,7 +138,7 @@ async def _resume_compaction(s: Services, inbox: asyncio.Queue[object], chat: Ch
     try:
         page = await s.eve.read(chat.eve_session, chat.cursor)
     except eve.SessionGone as exc:
-        await lose(s, chat.address, chat.claim, str(exc))
+        await end(s, chat.address, chat.claim, SessionLost(str(exc)))
         return
     if any(isinstance(e, eve.CompactionRequested) for e in page.events):
         await BusyPeriod(s, inbox, chat).run()

@@ -4,9 +4,10 @@ root (``bridge.app``) and by the in-process test harness alike."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from diskqueue import DiskQueue
 from eve_client import EveClient
@@ -21,7 +22,33 @@ from .media import Media
 from .outbox import Outbox
 from .transitions import Transitions
 
-__all__ = ["CompactRequests", "ContextWindow", "Services", "Slot"]
+__all__ = ["CompactRequests", "ContextWindow", "PeriodClock", "Services", "Slot"]
+
+T = TypeVar("T")
+
+
+class PeriodClock:
+    """The busy periods' time, injected like :class:`~.transitions.Transitions`' clocks: the
+    monotonic clock of their deadlines (the busy timeout, the ack window, the graces), its
+    waits and its timers. A test gives one it moves by hand (``tests/fakes/clock.py``); the
+    wall time written to the record is the transitions' steady one (:mod:`bridge.clock`)."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def get(self, queue: asyncio.Queue[T], within: float) -> T | None:
+        """The queue's next item, or None when ``within`` seconds passed first."""
+        try:
+            async with asyncio.timeout(max(0.0, within)):
+                return await queue.get()
+        except TimeoutError:
+            return None
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    def later(self, delay: float, callback: Callable[[], object]) -> asyncio.TimerHandle:
+        return asyncio.get_running_loop().call_later(delay, callback)
 
 
 class Slot:
@@ -111,6 +138,7 @@ class Services:
     # encoded and sent): the bridge's memory stays bounded however many albums arrive.
     files: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(FILE_TURNS))
     media: Media = field(default_factory=Media)  # a turn's parts and transcripts, kept until eve has it
+    clock: PeriodClock = field(default_factory=PeriodClock)  # the busy periods' time
 
     def threshold(self) -> int:
         s = self.settings
@@ -119,11 +147,11 @@ class Services:
     @classmethod
     def build(cls, *, settings: Settings, eve_client: EveClient, store: Store, queue: DiskQueue, sender: Sender,
               spawn: Callable[[Coroutine[Any, Any, Any]], object], notebook: Notebook | None = None,
-              rebuilder: Rebuilder | None = None) -> Services:
+              rebuilder: Rebuilder | None = None, clock: PeriodClock | None = None) -> Services:
         notebook = notebook if notebook is not None and notebook.enabled else None
         transitions = Transitions(store, queue, notebook)
         return cls(settings=settings, eve=eve_client, store=store, queue=queue, transitions=transitions,
                    sender=sender, outbox=Outbox(store, sender, transitions), spawn=spawn,
                    people=People(store, settings), notebook=notebook,
                    rebuilder=rebuilder if notebook is not None else None,
-                   window=ContextWindow(settings.context_window))
+                   window=ContextWindow(settings.context_window), clock=clock or PeriodClock())

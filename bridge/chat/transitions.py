@@ -33,7 +33,7 @@ from ..errors import BridgeError
 from ..push import turns as pushed
 from ..storage.payloads import InputAnswer, Kind, Origin, PushedTurn, Queued, QueuedMessage, decode
 from ..storage.store import CancelMark, Chat, ChatStatus, CompactPhase, Store
-from . import albums, draftids, parking
+from . import albums, draftids, owners, parking
 
 if TYPE_CHECKING:
     from ..notebook import Notebook
@@ -49,6 +49,7 @@ __all__ = [
     "Superseded",
     "Transitions",
     "state_of",
+    "steer_claim",
 ]
 
 logger = log.get("bridge.chat.transitions")
@@ -114,6 +115,11 @@ _IDLE: Mapping[str, Any] = {
 
 def _claim_id() -> str:
     return uuid.uuid4().hex
+
+
+def steer_claim(claim: str) -> str:
+    """What a steer's messages are claimed under until eve's acceptance of them is recorded (F4)."""
+    return f"{claim}:steer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,6 +380,50 @@ class Transitions:
             await self._owned(address, claim, ChatState.TURN)
             await self._write(address, owner_turn=False)
 
+    async def claim_steer(self, address: str, claim: str, *, limit: int) -> Claim | Settling | None:
+        """busy(turn) → the same, with the next messages claimed for the running turn under the
+        steer's own claim (:func:`steer_claim`, F4: until eve has them). Pushed turns stay
+        queued (W1: never steered into a turn), and so does a message of the other kind (N1: the
+        notebook rides one kind of turn); an album steers whole, once settled (I3):
+        :class:`Settling` (nothing claimed) until then. None: nothing to steer."""
+        async with self.store.db.transaction():
+            chat = await self._owned(address, claim, ChatState.TURN)
+            steer = steer_claim(claim)
+            claimed = await self.queue.claim(address, limit=limit + albums.LOOKAHEAD, claim=steer)
+            claimed = await pushed.unsteered(self.queue, claimed, claim=steer)  # W1: never steered into a turn
+            if self.notebook is not None:  # N1: the notebook rides one kind of turn; the other kind waits
+                claimed = await owners.own_kind(self.queue, claimed, owner_turn=chat.owner_turn, claim=steer)
+            if not claimed:
+                return None
+            taken = self.album_cut(claimed, [decode(m.payload) for m in claimed], await self.queue.queued(address),
+                                   limit=limit)
+            if taken.take < len(claimed):
+                await self.queue.nack([m.id for m in claimed[taken.take:]], claim=steer)
+                claimed = claimed[:taken.take]
+            if taken.wait_until is not None:
+                return Settling(taken.wait_until)
+            return Claim(claim=steer, session=chat.eve_session, messages=claimed)
+
+    async def send_failed(self, address: str, claim: str, ids: Sequence[int]) -> None:
+        """busy(turn) stays: eve, itself up, answered the turn's send with a server error; the
+        failure is counted (F6: a message eve always fails on is sent a bounded number of times)."""
+        async with self.store.db.transaction():
+            await self._owned(address, claim, ChatState.TURN)
+            await self.queue.count_failure(ids, claim=claim)
+
+    async def steer_taken(self, address: str, claim: str, ids: Sequence[int]) -> None:
+        """A steer's messages are done with: eve took the answers, or they are recordings
+        nobody could hear (told in the caller's transaction)."""
+        async with self.store.db.transaction():
+            await self._owned(address, claim, ChatState.TURN)
+            await self.queue.ack(ids, claim=steer_claim(claim))
+
+    async def steer_returned(self, address: str, claim: str, ids: Sequence[int]) -> None:
+        """A steer's messages go back to the head of the queue: eve never had them."""
+        async with self.store.db.transaction():
+            await self._owned(address, claim, ChatState.TURN)
+            await self.queue.nack(ids, claim=steer_claim(claim))
+
     # -- the ways out of a turn --------------------------------------------------------------
 
     async def park(self, address: str, claim: str, *, cursor: int, measurement: int | None, threshold: int,
@@ -424,7 +474,7 @@ class Transitions:
             await self._write(address, _IDLE)
             return chat, inflight
 
-    async def lose(self, address: str, claim: str | None) -> tuple[Chat, list[Message]]:
+    async def session_lost(self, address: str, claim: str | None) -> tuple[Chat, list[Message]]:
         """any busy state or a released watch → idle with the session-reset mark (R2, R3): the
         session is gone, stranded or stuck; the next message starts a new one."""
         async with self.store.db.transaction():

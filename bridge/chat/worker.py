@@ -21,7 +21,7 @@ import eve_client as eve
 from .. import backoff, log
 from ..metrics import METRICS
 from ..telegram.texts import t
-from .consumer import POKE
+from .consumer import POKE, Inbox
 from .recovery import drive, resume
 from .services import Services, Slot, files_budget
 from .transitions import Settling
@@ -94,7 +94,7 @@ class ChatWorker:
         self.s = services
         self.slots = slots
         self.address = address
-        self.inbox: asyncio.Queue[object] = asyncio.Queue()
+        self.inbox: Inbox = asyncio.Queue()
         self._poked = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 

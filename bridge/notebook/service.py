@@ -12,6 +12,7 @@ import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from diskqueue import Database
 
@@ -33,7 +34,7 @@ from .rules import (
     window_line,
 )
 
-__all__ = ["DEFAULT_VIEWER", "Change", "Notebook", "NotebookConfig"]
+__all__ = ["DEFAULT_VIEWER", "Change", "Notebook", "NotebookConfig", "salvage_notes"]
 
 logger = log.get("bridge.notebook")
 
@@ -332,3 +333,53 @@ class Notebook:
         notes = await self.notes(chat.address)
         mode: Mode = INDEX if chat.notes_mode == INDEX else "inline"
         return state_block(notes, mode, line, tool_prefix=self.config.tool_prefix, limits=self.limits), marks
+
+
+# -- a quarantined state database's notes ----------------------------------------------------
+
+_NOTE_COLUMNS = ("address", "name", "description", "body", "pinned", "prev_body", "author", "created_at",
+                 "updated_at")
+
+
+def salvage_notes(source: Path, target: Path) -> tuple[int, int]:
+    """Copy the notebooks of a moved-aside (quarantined) state database into the live one: every
+    note row and archive row that still reads cleanly, never over a note of the same name written
+    since. Returns (notes copied, archives copied). Raises :class:`sqlite3.Error` when ``source``
+    has no readable notes table at all."""
+    src = sqlite3.connect(f"file:{source}?mode=ro&immutable=1", uri=True)
+    src.row_factory = sqlite3.Row
+    try:
+        notes: list[sqlite3.Row] = []
+        cursor = src.execute(f"SELECT {', '.join(_NOTE_COLUMNS)} FROM notes ORDER BY id")
+        while True:
+            try:
+                row = cursor.fetchone()
+            except sqlite3.DatabaseError as exc:  # the damage begins here: keep what was read
+                logger.warning("notes_salvage_stopped", error=str(exc), read=len(notes))
+                break
+            if row is None:
+                break
+            notes.append(row)
+        try:
+            archives = src.execute("SELECT address, records, reason, archived_at FROM notes_archive").fetchall()
+        except sqlite3.DatabaseError as exc:
+            logger.warning("notes_archive_unreadable", error=str(exc))
+            archives = []
+    finally:
+        src.close()
+    dst = sqlite3.connect(target, timeout=30)
+    try:
+        with dst:
+            copied = 0
+            for row in notes:
+                copied += dst.execute(
+                    f"INSERT INTO notes ({', '.join(_NOTE_COLUMNS)}) VALUES ({', '.join('?' * len(_NOTE_COLUMNS))}) "
+                    "ON CONFLICT (address, name) DO NOTHING", tuple(row)).rowcount
+            kept = sum(dst.execute("INSERT INTO notes_archive (address, records, reason, archived_at) "
+                                   "VALUES (?, ?, ?, ?) ON CONFLICT (address) DO NOTHING", tuple(a)).rowcount
+                       for a in archives)
+            dst.execute("UPDATE chats SET notes_version = notes_version + 1 WHERE address IN "
+                        "(SELECT DISTINCT address FROM notes)")
+    finally:
+        dst.close()
+    return copied, kept

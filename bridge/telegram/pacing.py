@@ -126,7 +126,7 @@ class Budget:
         the next waiter resumes a little after its slot (the event loop is late, more so under
         load); a bucket of 1 is then empty and that lateness is lost at every slot (the loaded
         benchmark machine delivered 24/s of 28, 1.27× the 30/s floor), while a bucket of 1.5 takes
-        it up to half a slot (18 ms) each time (28/s, 1.07–1.11×; docs/benchmarks.md, "The pacer's global bucket"). A
+        it up to half a slot (18 ms) each time (28/s, 1.07–1.11×; docs/benchmarks.md, "Pacing, benchmark 1 again"). A
         bucket of 2 passes 30 in a second and its pairs bunch: 1 to 17 429s of 600 there."""
         rate = self.rate / 2 if slow else self.rate
         return AsyncLimiter(GLOBAL_BURST, GLOBAL_BURST / rate)

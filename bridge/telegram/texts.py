@@ -171,11 +171,14 @@ _TEXTS: dict[str, dict[Lang, str]] = {
     "state_quarantined": {
         "en": (
             "Iva: the state database failed its check at start. It was moved aside to {path} (not "
-            "deleted) and a fresh one was made. Messages that were waiting may need to be sent again."
+            "deleted) and a fresh one was made. Messages that were waiting may need to be sent again. "
+            "The notebooks are in that file too: the operator brings them back with "
+            "`iva restore-notes {path}`."
         ),
         "ru": (
             "Iva: база состояния не прошла проверку при запуске. Она отложена в {path} (не удалена), "
-            "создана новая. Ожидавшие сообщения, возможно, придётся отправить ещё раз."
+            "создана новая. Ожидавшие сообщения, возможно, придётся отправить ещё раз. Блокноты тоже "
+            "в том файле: оператор вернёт их командой `iva restore-notes {path}`."
         ),
     },
     "state_quarantined_no_fresh": {

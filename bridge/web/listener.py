@@ -73,7 +73,7 @@ class Listener:
         if self.webhook is None:
             last = self.ingest.last_poll_ok
             METRICS.mode.labels(mode="polling").set(1)
-            METRICS.poll_age.set(round(now - (self.started if last is None else last), 1))
+            METRICS.poll_age.set(round(CLOCK.now() - (self.started if last is None else last), 1))  # F9
         else:
             delivered = self.webhook.delivered_at
             METRICS.mode.labels(mode="webhook").set(1)

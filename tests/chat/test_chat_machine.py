@@ -24,6 +24,7 @@ from bridge.chat.transitions import ChatState, state_of
 from bridge.metrics import METRICS
 from bridge.storage.state import StateCorrupt
 from bridge.storage.store import CompactPhase
+from tests.fakes.clock import HandClock
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness
@@ -173,6 +174,28 @@ async def test_a_stuck_session_is_lost_after_the_busy_timeout(tmp_path: Path, tg
         await h.settled(eve_quiet=False)
         assert tg.texts()[-1] == "echo: again"
         assert len(fake_eve.sessions) == 2
+    finally:
+        await h.stop()
+
+
+async def test_the_busy_timeout_is_a_rule_of_the_injected_clock(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
+    """R3 without waiting: the busy period reads the clock it is given (Services.clock), so ten
+    minutes of no progress pass when the test moves the clock, and not a moment before."""
+    fake_eve.stuck = True
+    clock = HandClock()
+    h = Harness(tmp_path / "state", tg, fake_eve, busy_clock=clock, IVA_BUSY_TIMEOUT="600")
+    await h.start()
+    try:
+        await tg.message("are you there", user_id=OWNER)
+        await h.until(lambda: clock.waiting == 1 and _state(h, ChatState.TURN), what="the consumer waiting")
+        await clock.advance(599)
+        await h.until(lambda: clock.waiting == 1, what="the consumer waiting again")
+        assert state_of(await h.chat()) is ChatState.TURN and tg.texts() == []
+        await clock.advance(2)
+        await h.settled(eve_quiet=False)
+        chat = await h.chat()
+        assert chat.reset_mark and chat.eve_session is None
+        assert len(tg.texts()) == 1 and "repeat" in tg.texts()[0]
     finally:
         await h.stop()
 

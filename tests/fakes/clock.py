@@ -5,6 +5,11 @@ a 429 puts on a chat, so a test can tell a chat to wait 25 s without waiting the
 from __future__ import annotations
 
 import asyncio
+from typing import TypeVar
+
+from bridge.chat.services import PeriodClock
+
+T = TypeVar("T")
 
 
 class FakeClock:
@@ -28,4 +33,46 @@ class FakeClock:
     async def advance(self, seconds: float) -> None:
         async with self._changed:
             self.now += seconds
+            self._changed.notify_all()
+
+
+class HandClock(PeriodClock):
+    """The busy periods' clock (:class:`bridge.chat.services.PeriodClock`), moved by hand: a consumer's
+    deadline (the busy timeout, the ack window, a grace) passes when the test advances it past
+    it, never in real seconds. ``waiting`` counts the consumers waiting on it now."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.t = start
+        self.start = start
+        self.waiting = 0
+        self._changed = asyncio.Condition()
+
+    def now(self) -> float:
+        return self.t
+
+    async def _until(self, at: float) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.t >= at)
+
+    async def get(self, queue: asyncio.Queue[T], within: float) -> T | None:
+        if not queue.empty():
+            return queue.get_nowait()
+        getter = asyncio.ensure_future(queue.get())
+        timer = asyncio.ensure_future(self._until(self.t + max(0.0, within)))
+        self.waiting += 1
+        try:
+            await asyncio.wait({getter, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.waiting -= 1
+            timer.cancel()
+            if not getter.done():
+                getter.cancel()
+        return getter.result() if getter.done() and not getter.cancelled() else None
+
+    async def sleep(self, seconds: float) -> None:
+        await self._until(self.t + seconds)
+
+    async def advance(self, seconds: float) -> None:
+        async with self._changed:
+            self.t += seconds
             self._changed.notify_all()

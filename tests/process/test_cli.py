@@ -236,3 +236,31 @@ async def test_a_poison_message_dies_by_age_and_is_listed_and_cleared_by_status(
     assert read_status(tmp_path / "state" / "iva.sqlite3")["chats"] == []  # the warning went with them
     assert main(["status", "--state", state, "--dead"]) == 0
     assert capsys.readouterr().out.strip() == "no message was given up on"
+
+
+async def test_restore_notes_brings_the_notebooks_back_from_a_quarantined_file(tmp_path, capsys):
+    """seed 000/R5: a quarantined state database took the notebooks with it; `iva restore-notes FILE`
+    copies back every note that reads cleanly, never over one written since."""
+    import sqlite3
+
+    from bridge.cli import main
+    from tests.harness import open_store
+
+    old, state = tmp_path / "old.sqlite3", tmp_path / "state"
+    state.mkdir()
+    for path, rows in ((old, [("shop", "milk"), ("plan", "ship it")]), (state / "iva.sqlite3", [("shop", "bread")])):
+        db, _queue, _store = await open_store(path)
+        for name, body in rows:
+            await db.execute("INSERT INTO notes (address, name, description, body, created_at, updated_at) "
+                             "VALUES ('1', ?, 'd', ?, 1, 1)", (name, body))
+        if path == old:
+            await db.execute("INSERT INTO notes_archive VALUES ('1', '[]', 'rebuild', 1)")
+        await db.close()
+    quarantined = tmp_path / "iva.sqlite3.quarantined-20261202T000000"
+    old.rename(quarantined)
+    assert main(["restore-notes", str(quarantined), "--state", str(state)]) == 0
+    assert "1 note(s) and 1 archived notebook(s) restored" in capsys.readouterr().out
+    with sqlite3.connect(state / "iva.sqlite3") as conn:
+        assert dict(conn.execute("SELECT name, body FROM notes WHERE address = '1'")) == {"shop": "bread",
+                                                                                         "plan": "ship it"}
+    assert main(["restore-notes", str(tmp_path / "missing"), "--state", str(state)]) == 1

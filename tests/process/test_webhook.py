@@ -241,6 +241,7 @@ async def test_check_wants_https_and_no_delivery_error(tg, fake_eve):
     assert code != 0 and "getWebhookInfo failed" in out and "Traceback" not in out, out
 
 
+@pytest.mark.process
 async def test_a_secret_header_that_is_not_utf8_is_401_not_500(tg, fake_eve, daemon_factory):
     """Bytes that are not UTF-8 in the secret header are a wrong secret: 401, no traceback."""
     hook = webhook_env()
@@ -316,6 +317,7 @@ async def test_a_busy_port_or_a_refused_set_webhook_is_retried_with_the_watchdog
         await bot.session.close()
 
 
+@pytest.mark.process
 async def test_metrics_in_webhook_mode_are_the_webhooks(tg, fake_eve, daemon_factory):
     """iva_telegram_mode says which mode runs; in webhook mode the delivery's age and Telegram's view
     are exported (the poll's age, which grows there, is not what an alert should read)."""

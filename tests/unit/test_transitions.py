@@ -160,6 +160,10 @@ TABLE = [
     Row("in_turn_compacted", lambda tr, c: tr.in_turn_compacted(A, claim(c), 42), TURNS, None,
         lambda c: c.compactions == 1),
     Row("turn_shared", lambda tr, c: tr.turn_shared(A, claim(c)), TURNS, None, lambda c: not c.owner_turn),
+    Row("send_failed", lambda tr, c: tr.send_failed(A, claim(c), [1]), TURNS, None),
+    Row("claim_steer", lambda tr, c: tr.claim_steer(A, claim(c), limit=10), TURNS, None),
+    Row("steer_taken", lambda tr, c: tr.steer_taken(A, claim(c), [1]), TURNS, None),
+    Row("steer_returned", lambda tr, c: tr.steer_returned(A, claim(c), [1]), TURNS, None),
     Row("park", lambda tr, c: tr.park(A, claim(c), cursor=43, measurement=1_000, threshold=THRESHOLD,
                                       may_compact=True), TURNS, ChatState.IDLE,
         lambda c: c.turns == 1 and c.measurement == 1_000 and c.claim is None),
@@ -168,7 +172,7 @@ TABLE = [
         TURNS, ChatState.COMPACTING, lambda c: c.compact_phase is CompactPhase.WANTED and c.compact_before == 200_000),
     Row("give_back", lambda tr, c: tr.give_back(A, claim(c)), TURNS, ChatState.IDLE),
     Row("fail_turn", lambda tr, c: tr.fail_turn(A, claim(c)), TURNS, ChatState.IDLE),
-    Row("lose", lambda tr, c: tr.lose(A, c.claim), TURNS | COMPACTING | {"released"}, ChatState.IDLE,
+    Row("session_lost", lambda tr, c: tr.session_lost(A, c.claim), TURNS | COMPACTING | {"released"}, ChatState.IDLE,
         lambda c: c.reset_mark and c.eve_session is None and c.cursor == 0),
     Row("capture_manual", lambda tr, c: tr.capture_manual(A, before=60_000, reply_to=3, lang="ru"),
         {"idle_session"}, ChatState.COMPACTING, lambda c: c.compact_reply_to == 3, guard=True),
@@ -288,7 +292,7 @@ async def test_the_fresh_session_set_is_the_same_on_every_way_to_a_new_session(t
     try:
         fresh: list[tuple[Any, ...]] = []
         for build, move in (
-            (_compacting_manual, lambda c: tr.lose(A, c.claim)),
+            (_compacting_manual, lambda c: tr.session_lost(A, c.claim)),
             (_turn, lambda c: tr.session_dropped(A, claim(c))),
             (_new_requested, lambda c: tr.new_conversation(A)),
         ):

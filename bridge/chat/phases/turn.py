@@ -1,0 +1,402 @@
+"""The turn phase of a busy period: eve's turn events, prompts, the live draft, the stop and the
+parking that ends it (T4, T5, L*, F4, F5, C1, C2, C6).
+
+At the turn's last ``session.waiting`` the parking handler measures and, at or above the
+threshold, moves the chat from busy(turn) to busy(compacting, auto) in the same transaction
+that finishes the turn, so no message slips in between (C1, C2); :mod:`.compaction` follows it
+from there."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+
+import eve_client as eve
+
+from ... import backoff, log
+from ...metrics import METRICS
+from ...push import turns as pushed
+from ...storage.payloads import Kind, PromptButton, QueuedMessage, decode
+from ...storage.store import Chat, CompactPhase
+from ...telegram.sender import Typing
+from ...telegram.texts import number, t
+from .. import draftids, notewrites, speak
+from ..endings import Outcome, SessionLost
+from ..live import Draft, progress_line
+from . import steer
+from .base import Ended, Period, Phase, Stage, Stop
+from .compaction import Compaction, CompactionPhase, WatchPhase
+
+__all__ = ["TurnPhase"]
+
+logger = log.get("bridge.chat.consumer")
+
+WAITING_ON_PERSON = 7 * 24 * 3600.0  # a question open this long without an answer: the turn is lost
+
+
+class Late(enum.Enum):
+    """C6: a compaction released before this turn may still be announced by eve; if it is, outside
+    a turn, the person hears the C3 notice and the turn's end need not watch for it."""
+
+    NONE = "none"
+    OUTSTANDING = "outstanding"
+    ANNOUNCED = "announced"
+
+
+class TurnPhase(Phase):
+    def __init__(self, p: Period, chat: Chat) -> None:
+        super().__init__(p)
+        self.chat = chat
+        self.stage = Stage.ASKING if chat.waiting_input else Stage.SENT
+        # The turn's deliveries not yet ended at eve; None while our send's are unknown (an
+        # ambiguous send, F4: eve shows the turn it made of it).
+        self.pending: set[str] | None = set(chat.deliveries) if chat.deliveries else None
+        self.stop = Stop.WANTED if chat.stop_wanted else Stop.NONE
+        outstanding = chat.kind is Kind.TURN and chat.compact_phase is CompactPhase.RELEASED
+        self.late = Late.OUTSTANDING if outstanding else Late.NONE
+        self.measurement: int | None = None
+        self.first_measurement: int | None = None  # a compaction's "after" (seed 004)
+        self.asked: set[str] = set()  # the questions shown (their events, T5), closed at the turn's end
+        self.block = ""  # the text block being written (L*)
+        self.draft_id = 0
+        self.turn_id: str | None = None
+        self.steer_grace: float | None = None  # parking waits until then for eve's turn with an unsure steer
+        self.unsent_grace: float | None = None  # an unrecorded send: resent if eve begins no turn by then
+        self.cancel_failures = 0
+        self.cancel_retry: asyncio.TimerHandle | None = None
+
+    async def enter(self) -> None:
+        p, chat = self.p, self.chat
+        p.typing = Typing(p.s.sender.bot, chat.chat_id, chat.thread_id, ttl=p.s.settings.busy_timeout)
+        p.typing.start()
+        if p.s.settings.streaming == "draft" and chat.chat_id > 0:  # drafts: private chats only
+            p.draft = Draft(p.s.sender.bot, chat.chat_id, chat.thread_id)
+        if self.stop:
+            await self._stop()  # asked for before a restart: a stop is durable
+
+    def lost(self, why: str) -> Outcome:
+        # The turn had ended in eve and every message of it was answered: nobody is asked to
+        # repeat what was answered (eve died before its session.waiting, PROTOCOL.md §9).
+        return SessionLost(why, answered=self.stage is Stage.ENDED and not self.pending and not self.stop)
+
+    # -- time --------------------------------------------------------------------------------
+
+    def deadline(self) -> tuple[float, str]:
+        now = self.p.clock.now()
+        if self.steer_grace is not None:
+            return self.steer_grace - now, "steer"
+        if self.unsent_grace is not None:
+            return self.unsent_grace - now, "unsent"
+        if self.stage is Stage.ASKING and not self.stop:
+            # F5: waiting on the person is not "no progress": no busy timeout while a question
+            # is open; a late answer reaches the same session. Once answered, eve must go on
+            # within the busy timeout again (a session stuck since eve restarted is lost then).
+            return WAITING_ON_PERSON, "busy"
+        return self.p.busy_left(), "busy"
+
+    async def on_timeout(self, why: str) -> Phase | Ended | None:
+        if why == "unsent":
+            # eve is idle and began no turn with our message: it never had it. Back to the
+            # head of the queue; the worker sends it again (F4, counted as before: F6).
+            logger.info("unrecorded_send_not_at_eve")
+            await self.p.s.transitions.give_back(self.p.address, self.p.owned())
+            return Ended()
+        if why == "steer":
+            # eve began no turn with the unsure steer: it never had it (parking puts it back at
+            # the head of the queue, for the next turn).
+            self.steer_grace = None
+            logger.info("unsure_steer_not_at_eve")
+            return await self.park()
+        return await super().on_timeout(why)
+
+    # -- what arrives while busy ---------------------------------------------------------------
+
+    async def on_poke(self, chat: Chat) -> Phase | Ended | None:
+        if chat.stop_wanted and Stop.CANCELLED not in self.stop:
+            await self._stop()  # the first stop, or one whose cancel eve has not accepted yet
+            return None
+        if self.stop:
+            return None  # what arrives after a stop waits for the next turn, never joins this one
+        asking = self.stage in (Stage.ASKING, Stage.ANSWERED)
+        if chat.kind is not Kind.TURN or not (asking or self.p.s.settings.turn_policy == "immediate"):
+            return None
+        if not asking and (self.pending is None or await steer.unsure(self.p)):
+            # One unsure send at a time: what eve shows next is matched to it. Not while a question
+            # waits on the person: eve shows nothing until it is answered, so a press or another
+            # reply must still go (if eve took the unsure reply, the question is already over).
+            return None
+        steered = await steer.steer(self.p, chat)
+        if not isinstance(steered, steer.Steered):
+            return steered
+        self.p.moved()
+        if self.stage is Stage.ASKING:
+            self.stage = Stage.ANSWERED
+        if steered.messages:
+            if steered.delivery and self.pending is not None:
+                self.pending.add(steered.delivery)
+            if self.stage is Stage.ENDED:
+                self.stage = Stage.SENT
+        return None
+
+    async def _stop(self) -> None:
+        """L*: the person asked to stop. A turn is cancelled in eve by its id (the conversation stays)."""
+        p = self.p
+        first = Stop.WANTED not in self.stop
+        self.stop |= Stop.WANTED
+        if first and self.stage is Stage.ASKING:
+            p.moved()  # the busy timeout counts from the stop, not the question
+        await self._end_draft()
+        await p.stop_typing()
+        if first:
+            METRICS.stops.labels(kind="turn").inc()
+        try:
+            result = await p.s.eve.cancel(p.session, turn_id=self.turn_id)
+        except eve.EveError as exc:
+            # The mark stays and the cancel is tried again: on the next poke (a message, another
+            # /stop), at turn.started, after a restart, and on its own after a backoff.
+            self.cancel_failures += 1
+            wait = backoff.EVE.delay(self.cancel_failures)
+            logger.warning("eve_cancel_failed", error=str(exc), wait=round(wait, 1))
+            if self.cancel_retry is None or self.cancel_retry.cancelled():
+                def retry() -> None:
+                    self.cancel_retry = None
+                    p.poke()
+                self.cancel_retry = p.clock.later(wait, retry)  # one timer at a time
+            return
+        self.stop |= Stop.CANCELLED
+        logger.info("turn_stop_sent", turn=self.turn_id, status=result.status)
+
+    # -- the turn's events ---------------------------------------------------------------------
+
+    async def on_event(self, event: eve.Event) -> Phase | Ended | None:
+        p, s, chat, tr = self.p, self.p.s, self.chat, self.p.s.transitions
+        claim = p.owned()
+        if isinstance(event, eve.TurnStarted | eve.MessageReceived) and event.delivery_ids:
+            if self.pending is None:
+                # Our send's answer was lost (an ambiguous send, F4), so no delivery is on the
+                # record: this is the turn eve made of it. Recorded now, so that a restart after the
+                # cursor has passed this point follows the turn instead of sending again.
+                for delivery in event.delivery_ids:
+                    await tr.delivered(p.address, claim, delivery)
+                self.pending = set(event.delivery_ids)
+            elif adopted := await steer.adopt(p, event.delivery_ids):
+                self.pending.update(adopted)
+                self.steer_grace = None
+                if self.stage is Stage.ENDED:
+                    self.stage = Stage.SENT
+                p.poke()  # messages that waited behind it may steer now
+        if self.pending is None and self.stage is Stage.SENT:
+            # Our send's answer was lost and eve has shown no turn of it yet: it may be queued behind
+            # what eve runs (a compaction: its turn starts right after the session.waiting,
+            # PROTOCOL.md §5). Idle with no turn for a moment: eve never had it.
+            grace = s.settings.eve_grace
+            self.unsent_grace = p.clock.now() + grace if isinstance(event, eve.SessionWaiting) else None
+        match event:
+            case eve.MessageAppended():
+                self.block += event.delta
+                self._show(event.index, self.block)
+            case eve.ActionInputAppended() | eve.ActionsRequested() if not self.block.strip():
+                tools = [event.tool_name] if isinstance(event, eve.ActionInputAppended) else event.tool_names
+                if tools and tools[0]:
+                    self._show(event.index, progress_line(tools[0], chat.lang))
+            case eve.MessageCompleted():
+                await self._completed(event, claim)
+            case eve.TurnStarted() | eve.StepStarted():
+                if isinstance(event, eve.TurnStarted):
+                    self.turn_id = event.turn_id or self.turn_id
+                    if self.stage in (Stage.SENT, Stage.ENDED):
+                        self.stage = Stage.RUNNING
+                    if self.stop:
+                        await self._stop()  # stopped before eve began it: cancel it by its id now
+                if p.typing is not None and not self.stop:
+                    p.typing.start()
+            case eve.StepCompleted():
+                usage = event.usage
+                if usage is not None and usage.input_tokens is not None:
+                    self.measurement = usage.input_tokens
+                    self.first_measurement = self.first_measurement or usage.input_tokens
+                if usage is not None:
+                    p.spend.add(usage)
+            case eve.CompactionRequested() if self.late is Late.OUTSTANDING and self.stage in (Stage.SENT,
+                                                                                               Stage.ENDED):
+                # C6: the compaction released before this turn, announced now; our message waits
+                # behind it at eve: the person hears the C3 notice.
+                self.late = Late.ANNOUNCED
+                logger.info("compaction_announced_late", estimate=event.usage_input_tokens)
+                await self._end_draft()
+                async with s.store.db.transaction():
+                    await s.outbox.say(chat, f"c3:{event.id}", t("compacting_notice", chat.lang))
+                    await tr.advance(p.address, claim, p.cursor)
+                await s.outbox.flush(p.address)
+            case eve.CompactionRequested():
+                logger.info("eve_in_turn_compaction", estimate=event.usage_input_tokens)  # eve's, not ours
+            case eve.CompactionCompleted():
+                await tr.in_turn_compacted(p.address, claim, p.cursor)
+            case eve.InputRequested():
+                await self._end_draft()
+                await self._show_prompts(event, claim)
+            case eve.TurnWaiting() if event.on == "input":
+                # T5: the turn cannot end until the person answers; their next message goes at once.
+                self.stage = Stage.ASKING
+                await tr.waiting_on_person(p.address, claim, waiting=True, cursor=p.cursor)
+                await p.stop_typing()
+                if p.slot is not None:
+                    p.slot.give_back()  # F5: other chats' turns go on meanwhile
+            case eve.InputResolved():
+                await s.store.close_prompts(p.session, event.request_ids)
+            case eve.TurnFailed():
+                logger.warning("eve_turn_failed", code=event.code, error=event.message[:300])
+                METRICS.turns.labels(outcome="failed").inc()
+                await self._end_draft()
+                async with s.store.db.transaction():
+                    await s.outbox.say(chat, f"failed:{event.id}", await pushed.turn_failed(s.queue, chat, event.code or "error")
+                                       or t("turn_failed", chat.lang, reason=event.code or "error"))  # W4
+                    await tr.advance(p.address, claim, p.cursor)
+                    await p.spend.commit(s.store, p.address)
+                await s.outbox.flush(p.address)
+        if self.stage in (Stage.ASKING, Stage.ANSWERED) and (isinstance(event, eve.StepStarted | eve.InputResolved)
+                                                             or event.terminal):
+            self.stage = Stage.RUNNING
+            p.moved()
+            await tr.waiting_on_person(p.address, claim, waiting=False)
+            if p.slot is not None and not event.terminal:
+                await p.slot.retake()
+        if event.terminal:
+            await self._turn_ended(event, claim)
+        if isinstance(event, eve.SessionWaiting) and self.stage is Stage.ENDED and not self.pending:
+            if await steer.unsure(p):
+                # A steer eve may have (its send's answer lost, or a restart before it was recorded)
+                # and no sign of it yet: eve starts a turn with it right after session.waiting if
+                # it has it (PROTOCOL.md §4). Park only once that did not come (F4).
+                self.steer_grace = p.clock.now() + s.settings.eve_grace
+                return None
+            return await self.park()
+        return None
+
+    async def _completed(self, event: eve.MessageCompleted, claim: str) -> None:
+        p, s, chat = self.p, self.p.s, self.chat
+        text, self.block, self.draft_id = event.message, "", 0
+        if p.draft is not None:
+            await p.draft.settle()  # no frame may land after the final message
+        if not text.strip() or Stop.SHOWN in self.stop:
+            return
+        if self.stop:  # written before the stop reached eve: readable, marked
+            text = f"{text}\n\n{t('stopped_mark', chat.lang)}"
+            self.stop |= Stop.SHOWN
+        async with s.store.db.transaction():
+            await s.store.put_outgoing(p.address, event.id, chat.chat_id, chat.thread_id, text)
+            await s.transitions.advance(p.address, claim, p.cursor)
+            await p.spend.commit(s.store, p.address)
+        if p.typing is not None and event.finish_reason == "stop":
+            await p.typing.stop()  # never after the final send (LESSONS #12)
+        await s.outbox.flush(p.address)
+        await speak.after_answer(s, p.address, chat.chat_id, chat.thread_id, text)  # P4
+
+    async def _turn_ended(self, event: eve.Event, claim: str) -> None:
+        p, s, chat = self.p, self.p.s, self.chat
+        self.stage = Stage.ENDED
+        if self.stop and self.block.strip() and Stop.SHOWN not in self.stop:
+            # L*: what was written before the stop stays readable, marked as stopped.
+            if p.draft is not None:
+                await p.draft.settle()
+            async with s.store.db.transaction():
+                await s.store.put_outgoing(p.address, f"stopped:{event.id}", chat.chat_id, chat.thread_id,
+                                           f"{self.block}\n\n{t('stopped_mark', chat.lang)}")
+                await s.transitions.advance(p.address, claim, p.cursor)
+            self.stop |= Stop.SHOWN
+            await s.outbox.flush(p.address)
+        self.block, self.draft_id = "", 0
+        if self.asked:
+            await s.store.close_prompts(p.session)
+        if self.pending is not None:
+            self.pending.difference_update(event.delivery_ids)
+
+    def _show(self, index: int, text: str) -> None:
+        """The live draft shows ``text`` (one draft id per text block, from its first event)."""
+        draft = self.p.draft
+        if draft is None or self.stop:
+            return
+        if not self.draft_id:
+            # Non-zero, the same when a restart replays the block, and naming this turn: a late
+            # press of a finished draft's stop button never stops the turn after it.
+            self.draft_id = draftids.draft_id(self.p.owned(), index)
+        draft.show(self.draft_id, text)
+
+    async def _end_draft(self) -> None:
+        """The draft shows nothing more; the next block gets a draft of its own."""
+        await self.p.end_draft()
+        self.draft_id = 0
+
+    async def _show_prompts(self, event: eve.InputRequested, claim: str) -> None:
+        """T5: each question or approval as a message with its options as inline buttons."""
+        p, chat, store = self.p, self.chat, self.p.s.store
+        # S3: the people whose messages make this turn may answer (and the owners, always).
+        askers = [m.user_id for m in map(decode, (r.payload for r in await p.s.queue.inflight(p.address)))
+                  if isinstance(m, QueuedMessage)]
+        async with store.db.transaction():
+            for request in event.requests:
+                prompt_id = await store.add_prompt(p.address, p.session, request.request_id,
+                                                   [o.id for o in request.options], chat_id=chat.chat_id,
+                                                   askers=askers)
+                buttons = [{"text": o.label[:60], "callback_data": PromptButton(prompt_id, i).encode()}
+                           for i, o in enumerate(request.options[:12])]
+                rows = [buttons[i:i + 3] for i in range(0, len(buttons), 3)] or None
+                text = request.prompt or t("input_needed", chat.lang)
+                await store.put_outgoing(p.address, f"{event.id}:{request.request_id}", chat.chat_id,
+                                         chat.thread_id, text, markup=rows)
+            await p.s.transitions.advance(p.address, claim, p.cursor)
+        self.asked.add(event.id)
+        await p.stop_typing()
+        await p.s.outbox.flush(p.address)
+
+    # -- the end -------------------------------------------------------------------------------
+
+    async def park(self) -> Phase | Ended | None:
+        """The parking handler: release the chat, or move it straight into a compaction (C1, C2)."""
+        p, s = self.p, self.p.s
+        claim = p.owned()
+        async with s.store.db.transaction():
+            parked = await s.transitions.park(
+                p.address, claim, cursor=p.cursor, measurement=self.measurement, threshold=s.threshold(),
+                may_compact=not s.requests.outstanding(p.address), announced=self.late is Late.ANNOUNCED,
+                first=self.first_measurement,
+            )
+            await p.spend.commit(s.store, p.address)
+            chat = parked.chat
+            told = await notewrites.tell_writes(s, chat, claim, parked.inflight)  # seed 000: every write visible
+            if parked.after_before is not None and parked.decision.after is not None:
+                await s.outbox.say(chat, f"after:{p.cursor}:{chat.claim}",
+                                   t("compact_after", chat.compact_lang or chat.lang, after=number(parked.decision.after),
+                                     before=number(parked.after_before)))
+        METRICS.turns.labels(outcome="completed").inc()
+        logger.info("turn_finished", measurement=self.measurement, messages=len(parked.inflight),
+                    threshold=s.threshold(), compacting=parked.compaction_claim is not None,
+                    **parked.decision.updates)
+        if parked.after_before is not None:
+            await s.outbox.flush(p.address)
+        if told is not None:
+            await s.outbox.flush(told)
+        if chat.owner_turn and s.rebuilder is not None and s.rebuilder.wanted(p.address):
+            # N7: after the turn, beside the compaction, never in front of the reply (sent already).
+            s.spawn(s.rebuilder.maybe_run(p.address))
+        if parked.compaction_claim is None:
+            if chat.compact_phase is not CompactPhase.RELEASED:
+                return Ended()
+            watched = await s.store.chat(p.address)
+            if watched is None or watched.compact_phase is not CompactPhase.RELEASED:
+                return Ended()  # announced during the turn: nothing outstanding
+            # C6: the compaction released before this turn is still outstanding at eve: watch
+            # for its announcement (which takes the chat again) as the released watch does.
+            await p.stop_typing()
+            p.typing = None
+            p.claim = None
+            logger.info("compaction_watch_resumed_after_turn")
+            return WatchPhase(p, Compaction(watched))
+        # busy(turn) → busy(compacting, auto): auto compaction is silent (C11).
+        await p.close()
+        current = await s.store.chat(p.address)
+        assert current is not None
+        # The turn's stop is over with the turn (the record's mark was cleared when it parked):
+        # a /stop now stops the compaction.
+        p.claim = parked.compaction_claim
+        return CompactionPhase(p, Compaction(current), stop=Stop.WANTED if current.stop_wanted else Stop.NONE)
