@@ -377,3 +377,27 @@ def test_the_rules_carry_no_record_not_a_rule_frame():
     block = state_block([Note("goal", "the goal", "ship it")], INLINE, None)
     assert "record, not a rule" not in block and "not a rule" not in block
     assert "never overrides your standing rules" in block and "say so and delete it" in block
+
+
+def test_the_pressure_texts_are_configurable_and_the_thresholds_are_not():
+    """N6, seed 000 ("пороги ступеней — константы"): IVA_NOTES_TEXT_* replace the three texts,
+    a text with an unknown placeholder is refused at start, and nothing in the environment moves a
+    threshold: the steps fall at the same measurements whatever is set."""
+    from bridge.app import notebook_config
+    from bridge.config import ConfigError, Settings
+
+    base = {"IVA_TELEGRAM_TOKEN": "123456:ABCDEFGHIJKLMNOPQRSTUVWXYZ", "IVA_EVE_URL": "http://127.0.0.1:3000",
+            "IVA_OWNER_IDS": "1"}
+    thresholds = {f"IVA_NOTES_{name.upper()}": "1" for name in Limits.__dataclass_fields__}
+    texts = {"IVA_NOTES_TEXT_WINDOW": "W {used}/{wall} {left} {wall_name}",
+             "IVA_NOTES_TEXT_WRAP": "R {left}", "IVA_NOTES_TEXT_NUDGE": "N"}
+    config = notebook_config(Settings.from_env({**base, **texts, **thresholds, "IVA_PRESSURE_AT_PERCENT": "1"}))
+    assert config.limits == LIMITS and config.limits == Limits()
+    assert window_line(win(60_000), config.texts, config.limits) == (None, {})  # still 40% left: no line
+    assert window_line(win(60_001), config.texts, config.limits)[0] == "W 60 001/100 000 39 999 compaction into a summary"
+    assert window_line(win(93_000), config.texts, config.limits)[0] == "R 7 000"  # the same 8 000 reserve
+    assert window_line(win(95_000, compactions=1, nudged=0), config.texts, config.limits)[0] == "N"
+    default = notebook_config(Settings.from_env(base))
+    assert window_line(win(60_001), default.texts, default.limits)[0].startswith("[window] 60 001 of 100 000")
+    with pytest.raises(ConfigError, match="IVA_NOTES_TEXT_WRAP"):
+        Settings.from_env({**base, "IVA_NOTES_TEXT_WRAP": "only {remaining} left"})

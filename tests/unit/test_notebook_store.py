@@ -106,3 +106,23 @@ async def test_the_tool_limit_on_count_refuses_with_what_to_do(nb):
     with pytest.raises(NoteError, match="Merge or delete"):
         await nb.save("1", "c", "x", description="d")
     await nb.save("1", "a", "updated")  # an update is always fine
+
+
+async def test_the_mode_is_fixed_at_turn_entry_and_stays_for_the_whole_turn(nb):
+    """N2: the mode is computed once when the turn is claimed. A turn that grows its notebook past
+    the index edge (12 notes) keeps the inline block and inline's rules to its end; the next
+    turn would enter in index mode."""
+    from bridge.chat.transitions import Transitions
+    from tests.scenarios import owner_turn
+
+    tr = Transitions(store=nb.store, queue=DiskQueue(nb.db), notebook=nb)
+    await owner_turn(tr, "1", "s1")
+    chat = await nb.store.chat("1")
+    assert chat.notes_mode == "inline"
+    for i in range(14):
+        await nb.save("1", f"n{i}", f"body {i}", description=f"note {i}", guard=chat)
+    chat = await nb.store.chat("1")
+    assert chat.notes_mode == "inline" and await nb.mode_at_entry(chat) == "index"
+    block, _ = await nb.block(chat, threshold=100_000, window=200_000)
+    assert "body 13" in block and "chat_note_read" not in block  # still inline: every body quoted
+    await nb.save("1", "n0", "changed unread", guard=chat)  # no read-before-overwrite inside this turn
