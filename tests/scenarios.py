@@ -198,21 +198,3 @@ async def owner_turn(tr: Transitions, address: str, session: str) -> None:
     chat = await tr.store.chat(address)
     assert chat is not None and chat.claim is not None
     await tr.session_opened(address, chat.claim, session)
-
-
-# -- the transcriber's test script's records (tests/chat/test_voice.py, tests/chat/test_media_outage.py)
-
-TRANSCRIPT = "hello from the recording"  # what SCRIPT prints in mode "ok"
-
-
-def parts(fake_eve: FakeEve) -> list[Any]:
-    """The ``message`` of every send eve received, in order, across sessions."""
-    return [send["message"] for session in fake_eve.sessions.values() for send in session.sends]
-
-
-def records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def command(script: Path, mode: str, record: Path) -> str:
-    return shlex.join([sys.executable, str(script), mode, str(record)])
