@@ -7,9 +7,11 @@ import contextlib
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import structlog
 from aiogram import Bot
 from aiogram.client.session.aiohttp import AiohttpSession
@@ -21,11 +23,12 @@ from aiogram.exceptions import (
     TelegramUnauthorizedError,
 )
 from aiogram.types import BotCommand, User
+from aiohttp import web
 
 import eve_client as eve
 
 from . import backoff, log, systemd
-from .chat.services import ContextWindow, Services
+from .chat.services import ContextWindow, PeriodClock, Services
 from .chat.worker import Scheduler
 from .config import Settings, listener_problem
 from .intake.commands import Commands
@@ -37,7 +40,7 @@ from .people import PAIRING_SECONDS, link
 from .push.reminders import Reminders
 from .push.turns import Pushes
 from .storage import retention
-from .storage.state import StateCorrupt, StateUnavailable, open_state
+from .storage.state import OpenedState, StateCorrupt, StateUnavailable, open_state
 from .storage.store import OtherBot, SchemaTooNew, owners_of
 from .telegram.pacing import Budget, Pacer
 from .telegram.sender import Sender, undecodable
@@ -47,7 +50,7 @@ from .web.mcp import McpServer
 from .web.owner_api import OwnerApi
 from .web.push_api import PushApi
 
-__all__ = ["EXIT_OTHER_BOT", "EXIT_SCHEMA_NEWER", "Bridge", "make_bot", "run"]
+__all__ = ["EXIT_OTHER_BOT", "EXIT_SCHEMA_NEWER", "Bridge", "Opened", "Seams", "make_bot", "open_bridge", "run"]
 
 logger = log.get("bridge.app")
 
@@ -99,6 +102,14 @@ class Bridge:
                 failures += 1
                 logger.error("telegram_getme_undecodable", problem=undecodable(exc))
                 await asyncio.sleep(backoff.STARTUP.delay(failures))
+
+    async def _open_state(self, path: Path) -> OpenedState:
+        try:
+            return await open_state(path)
+        except StateUnavailable as exc:
+            if exc.quarantined is not None:  # R5: told even with no fresh store to work on
+                await tell_owners_without_state(self.settings, exc.quarantined, str(exc.__cause__ or exc))
+            raise
 
     async def _learn_window(self, client: eve.EveClient, window: ContextWindow, services: Services) -> None:
         if self.settings.context_window:
@@ -155,72 +166,16 @@ class Bridge:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)
         async with contextlib.AsyncExitStack() as stack:
-            try:
-                state = await open_state(s.db_path)
-            except StateUnavailable as exc:
-                if exc.quarantined is not None:  # R5: told even with no fresh store to work on
-                    await tell_owners_without_state(s, exc.quarantined, str(exc.__cause__ or exc))
-                raise
-            db, queue, store = state.db, state.queue, state.store
-            stack.push_async_callback(db.close)
-
-            bot = make_bot(s)
-            stack.push_async_callback(bot.session.close)
-            client = eve.EveClient(
-                s.eve_url, token=s.eve_token,
-                on_malformed=lambda _sid, _line: METRICS.malformed.inc(),
-            )
-            await stack.enter_async_context(client)
-
-            me = await self._until_stop(self._get_me(bot))
-            if me is None:
+            opened = await open_bridge(s, stack, spawn=self.spawn,
+                                       get_me=lambda bot: self._until_stop(self._get_me(bot)),
+                                       seams=Seams(open_state=self._open_state))
+            if opened is None:
                 logger.info("bridge_stopped_before_ready")
                 return
-            await store.claim_bot(me.id)  # another bot's state: its message ids would be taken for ours
-            sender = Sender(bot, store)
-            notebook = Notebook(db, store, notebook_config(s))
-            rebuilder = Rebuilder(notebook, store, client)
-            services = Services.build(settings=s, eve_client=client, store=store, queue=queue, sender=sender,
-                                      spawn=self.spawn, notebook=notebook, rebuilder=rebuilder)
-            requeued = await services.transitions.repair_at_start()
-            pairing = await services.people.start_pairing(me.username)
-            if pairing is not None:
-                # P1: no owner yet. The link is the way in; it goes to the log (the journal), and
-                # `iva status` / `iva check` make another while this one waits.
-                logger.warning("pairing_link", link=link(me.username, pairing), code=pairing,
-                               expires_in_s=int(PAIRING_SECONDS),
-                               hint="open the link in Telegram: whoever opens it first becomes the bot's owner")
-            structlog.contextvars.clear_contextvars()
-            logger.info("bridge_starting", bot=me.username, policy=s.turn_policy, state=str(s.db_path),
-                        retention_days=s.retention_days,
-                        requeued=requeued)
-            scheduler = Scheduler(services)
-            stack.push_async_callback(scheduler.close)
-            # W1-W9: pushed turns, notifications and reminders, through the chat's queue and outbox.
-            pushes = Pushes(db, queue, store, wake=scheduler.wake, flush=services.outbox.flush, spawn=self.spawn)
-            reminders = Reminders(db, store, pushes, default_tz=s.tz)
-            ingest = Ingest(services=services, me=me, scheduler=scheduler,
-                            commands=Commands(services, scheduler, reminders))
-            owner_api = OwnerApi(s.api_token, notebook, store)
-            routes = [owner_api.routes, PushApi(owner_api.guard, pushes, reminders).routes]
-            if notebook.enabled:  # N8: disabled means no tools at all
-                if not s.mcp_token:
-                    logger.warning("mcp_without_token", listen=s.api_listen,
-                                   fix="set IVA_MCP_TOKEN, and the same value as NOTEBOOK_MCP_TOKEN where eve builds")
-                routes.append(McpServer(notebook, store, token=s.mcp_token, reminders=reminders).routes)
-            webhook = None
-            if s.webhook_url is not None:  # O1: Telegram calls us instead of being polled
-                assert s.webhook_secret is not None  # Settings.from_env requires it
-                webhook = Webhook(ingest, url=s.webhook_url, secret=s.webhook_secret, listen=s.webhook_listen)
-            listener = Listener(s.api_listen, store=store, queue=queue, ingest=ingest, routes=routes,
-                                busy_timeout=s.busy_timeout, reply_stale_after=s.health_reply_seconds,
-                                webhook=webhook)
-            try:
-                await listener.start()
-                stack.push_async_callback(listener.stop)
-            except OSError as exc:
-                # A busy port must not keep the bridge from answering people.
-                logger.error("http_listen_failed", listen=s.api_listen, error=str(exc))
+            state, bot, client, me = opened.state, opened.bot, opened.client, opened.me
+            services, sender, scheduler = opened.services, opened.sender, opened.scheduler
+            ingest, webhook, reminders = opened.ingest, opened.webhook, opened.reminders
+            queue, store = state.queue, state.store
 
             if state.quarantined is not None:
                 # R5: the owners hear it from the bot itself, in their private chats.
@@ -268,6 +223,125 @@ class Bridge:
     async def _stop_watcher(self) -> None:
         await self.stop.wait()
         raise _Shutdown
+
+
+@dataclass(frozen=True)
+class Seams:
+    """What a test puts in place of a part of the graph (tests/harness.py); the defaults are the
+    product's: the state's opener, the pacer's clock and sleep, eve's HTTP transport, the
+    reminders' wall clock, the busy periods' clock, how the bot's session is closed, and whether the listener listens."""
+
+    open_state: Callable[[Path], Awaitable[OpenedState]] = open_state
+    pacer_clock: Callable[[], float] | None = None
+    pacer_sleep: Callable[[float], Awaitable[Any]] | None = None
+    eve_transport: httpx.AsyncBaseTransport | None = None
+    wall: Callable[[], float] = time.time
+    close_bot: Callable[[Bot], Awaitable[Any]] | None = None
+    listen: bool = True
+    period_clock: PeriodClock | None = None  # the busy periods' time (bridge/chat/services.py)
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The bridge's object graph, built by :func:`open_bridge`."""
+
+    state: OpenedState
+    bot: Bot
+    client: eve.EveClient
+    me: User
+    sender: Sender
+    notebook: Notebook
+    rebuilder: Rebuilder
+    services: Services
+    scheduler: Scheduler
+    pushes: Pushes
+    reminders: Reminders
+    commands: Commands
+    ingest: Ingest
+    routes: list[Callable[[web.Application], None]]
+    webhook: Webhook | None
+    listener: Listener
+    requeued: int
+    pairing: str | None
+
+
+async def open_bridge(settings: Settings, stack: contextlib.AsyncExitStack, *,
+                      spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
+                      get_me: Callable[[Bot], Awaitable[User | None]],
+                      seams: Seams = Seams()) -> Opened | None:
+    """The one place the object graph is built (the daemon's ``Bridge.run`` and the tests'
+    harness both call it): the state opened and repaired, the bot, eve's client, the services,
+    the scheduler, pushes and reminders, ingest with its commands, the HTTP routes, the webhook
+    and the listener (started when ``seams.listen``). What must be closed goes on ``stack`` in
+    the order it closes in reverse. None when ``get_me`` gave up (a stop came first)."""
+    s = settings
+    state = await seams.open_state(s.db_path)
+    db, queue, store = state.db, state.queue, state.store
+    stack.push_async_callback(db.close)
+
+    bot = make_bot(s, clock=seams.pacer_clock, sleep=seams.pacer_sleep)
+    close_bot = seams.close_bot
+    stack.push_async_callback(bot.session.close if close_bot is None else lambda: close_bot(bot))
+    client = eve.EveClient(
+        s.eve_url, token=s.eve_token, transport=seams.eve_transport,
+        on_malformed=lambda _sid, _line: METRICS.malformed.inc(),
+    )
+    await stack.enter_async_context(client)
+
+    me = await get_me(bot)
+    if me is None:
+        return None
+    await store.claim_bot(me.id)  # another bot's state: its message ids would be taken for ours
+    sender = Sender(bot, store)
+    notebook = Notebook(db, store, notebook_config(s))
+    rebuilder = Rebuilder(notebook, store, client)
+    services = Services.build(settings=s, eve_client=client, store=store, queue=queue, sender=sender,
+                              spawn=spawn, notebook=notebook, rebuilder=rebuilder, clock=seams.period_clock)
+    requeued = await services.transitions.repair_at_start()
+    pairing = await services.people.start_pairing(me.username)
+    if pairing is not None:
+        # P1: no owner yet. The link is the way in; it goes to the log (the journal), and
+        # `iva status` / `iva check` make another while this one waits.
+        logger.warning("pairing_link", link=link(me.username, pairing), code=pairing,
+                       expires_in_s=int(PAIRING_SECONDS),
+                       hint="open the link in Telegram: whoever opens it first becomes the bot's owner")
+    structlog.contextvars.clear_contextvars()
+    logger.info("bridge_starting", bot=me.username, policy=s.turn_policy, state=str(s.db_path),
+                retention_days=s.retention_days,
+                requeued=requeued)
+    scheduler = Scheduler(services)
+    stack.push_async_callback(scheduler.close)
+    # W1-W9: pushed turns, notifications and reminders, through the chat's queue and outbox.
+    pushes = Pushes(db, queue, store, wake=scheduler.wake, flush=services.outbox.flush, spawn=spawn)
+    wall = seams.wall
+    reminders = Reminders(db, store, pushes, default_tz=s.tz, clock=lambda: wall())
+    commands = Commands(services, scheduler, reminders)
+    ingest = Ingest(services=services, me=me, scheduler=scheduler, commands=commands)
+    owner_api = OwnerApi(s.api_token, notebook, store)
+    routes: list[Callable[[web.Application], None]] = [owner_api.routes, PushApi(owner_api.guard, pushes, reminders).routes]
+    if notebook.enabled:  # N8: disabled means no tools at all
+        if not s.mcp_token:
+            logger.warning("mcp_without_token", listen=s.api_listen,
+                           fix="set IVA_MCP_TOKEN, and the same value as NOTEBOOK_MCP_TOKEN where eve builds")
+        routes.append(McpServer(notebook, store, token=s.mcp_token, reminders=reminders).routes)
+    webhook = None
+    if s.webhook_url is not None:  # O1: Telegram calls us instead of being polled
+        assert s.webhook_secret is not None  # Settings.from_env requires it
+        webhook = Webhook(ingest, url=s.webhook_url, secret=s.webhook_secret, listen=s.webhook_listen)
+    listener = Listener(s.api_listen, store=store, queue=queue, ingest=ingest, routes=routes,
+                        busy_timeout=s.busy_timeout, reply_stale_after=s.health_reply_seconds,
+                        webhook=webhook)
+    if seams.listen:
+        try:
+            await listener.start()
+            stack.push_async_callback(listener.stop)
+        except OSError as exc:
+            # A busy port must not keep the bridge from answering people.
+            logger.error("http_listen_failed", listen=s.api_listen, error=str(exc))
+    return Opened(state=state, bot=bot, client=client, me=me, sender=sender, notebook=notebook,
+                  rebuilder=rebuilder, services=services, scheduler=scheduler, pushes=pushes,
+                  reminders=reminders, commands=commands, ingest=ingest, routes=routes, webhook=webhook,
+                  listener=listener, requeued=requeued, pairing=pairing)
 
 
 async def tell_owners_without_state(settings: Settings, quarantined: Path, error: str) -> None:

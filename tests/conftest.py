@@ -50,6 +50,7 @@ async def tg_limited() -> AsyncIterator[FakeTelegram]:
 # fixture (checked at collection) and on every test that calls tests/zygote.py's spawn_bridge
 # (checked when it does). tests/unit/test_process_budget.py counts the marked tests.
 
+PROCESS_DIR = Path(__file__).resolve().parent / "process"
 DAEMON_FIXTURES = frozenset({"bridge", "daemon_factory", "nb_daemon"})
 
 
@@ -58,6 +59,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # what lives in tests/process/ is there because it needs the process
+        if PROCESS_DIR in Path(str(item.path)).parents and item.get_closest_marker("process") is None:
+            item.add_marker(pytest.mark.process)
     unmarked = [item.nodeid for item in items
                 if DAEMON_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("process") is None]
     if unmarked:

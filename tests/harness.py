@@ -24,19 +24,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from aiogram import Bot
+from aiogram.types import User
 
-import eve_client as eve
-from bridge.app import make_bot, notebook_config
+from bridge.app import Seams, open_bridge
 from bridge.chat.services import PeriodClock, Services
 from bridge.chat.worker import Scheduler
 from bridge.config import Settings
-from bridge.intake.commands import Commands
 from bridge.intake.ingest import Ingest
-from bridge.notebook import Notebook, Rebuilder
 from bridge.push.reminders import Reminders
 from bridge.push.turns import Pushes
+from bridge.storage.state import OpenedState
 from bridge.storage.store import Chat, Store
-from bridge.telegram.sender import Sender
 from diskqueue import Database, DiskQueue
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import TOKEN, UNPACED, FakeTelegram
@@ -125,7 +124,7 @@ class Harness:
         self.services: Services | None = None
         self.scheduler: Scheduler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._closers: list[Callable[[], Coroutine[Any, Any, Any]]] = []
+        self._stack: contextlib.AsyncExitStack | None = None  # what open_bridge opened, to close
         self._closing: list[asyncio.Task[Any]] = []  # aiogram's close waits 250 ms: not in the way
         self.starts = 0
         self.ingest: asyncio.Task[Any] | None = None
@@ -152,38 +151,37 @@ class Harness:
         return task
 
     async def start(self, *, kill_at: int | None = None, image: Path | None = None) -> None:
-        """Open the store (repairing it as at start) and run ingest and recovery."""
+        """Build the bridge as the daemon does (bridge/app.py's ``open_bridge``: the store opened
+        and repaired, the graph wired) with the harness's seams — a :class:`KillingDatabase`, the
+        test's clock for the pacer, eve's transport, the reminders' wall clock, no listener — then
+        run ingest and recovery."""
         self.starts += 1
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
-        db, queue, store = await open_store(self.settings.db_path, kill_at=kill_at, image=image)
-        assert isinstance(db, KillingDatabase)
-        self.db = db
-        db.failing.update(self.failing_at_start)
-        self._closers = [db.close]
-        bot = (make_bot(self.settings) if self.clock is None
-               else make_bot(self.settings, clock=self.clock, sleep=self.clock.sleep))
-        self._closers.append(lambda: self._later(bot.session.close()))
-        client = eve.EveClient(self.settings.eve_url, token=self.settings.eve_token, transport=self.eve_transport)
-        await client.__aenter__()
-        self._closers.append(client.aclose)
-        sender = Sender(bot, store)
-        notebook = Notebook(db, store, notebook_config(self.settings))
-        rebuilder = Rebuilder(notebook, store, client)
-        self.services = Services.build(settings=self.settings, eve_client=client, store=store, queue=queue,
-                                       sender=sender, spawn=self.spawn, notebook=notebook, rebuilder=rebuilder,
-                                       clock=self.busy_clock)
-        await self.services.transitions.repair_at_start()
-        self.scheduler = Scheduler(self.services)
-        self.pushes = Pushes(db, queue, store, wake=self.scheduler.wake, flush=self.services.outbox.flush,
-                             spawn=self.spawn)
-        self.reminders = Reminders(db, store, self.pushes, default_tz=self.settings.tz, clock=lambda: self.wall())
-        me = await bot.get_me()
+
+        async def killing_state(path: Path) -> OpenedState:
+            db, queue, store = await open_store(path, kill_at=kill_at, image=image)
+            assert isinstance(db, KillingDatabase)
+            self.db = db
+            db.failing.update(self.failing_at_start)
+            return OpenedState(db, queue, store, None, None)
+
+        async def get_me(bot: Bot) -> User:
+            return await bot.get_me()
+
+        seams = Seams(open_state=killing_state, eve_transport=self.eve_transport, wall=lambda: self.wall(),
+                      pacer_clock=None if self.clock is None else self.clock,
+                      pacer_sleep=None if self.clock is None else self.clock.sleep,
+                      close_bot=lambda bot: self._later(bot.session.close()), listen=False,
+                      period_clock=self.busy_clock)
+        self._stack = contextlib.AsyncExitStack()
+        opened = await open_bridge(self.settings, self._stack, spawn=self.spawn, get_me=get_me, seams=seams)
+        assert opened is not None
+        self.services, self.scheduler = opened.services, opened.scheduler
+        self.pushes, self.reminders = opened.pushes, opened.reminders
         # Issue 24: with no owner in the settings, the pairing code this start printed.
-        self.pairing = await self.services.people.start_pairing(me.username)
-        ingest = Ingest(services=self.services, me=me, scheduler=self.scheduler,
-                        commands=Commands(self.services, self.scheduler, self.reminders))
-        self.loop = ingest
-        self.ingest = self.spawn(ingest.run())
+        self.pairing = opened.pairing
+        self.loop = opened.ingest
+        self.ingest = self.spawn(opened.ingest.run())
         await self.scheduler.recover()
         if self.reminders_loop:
             self.spawn(self.reminders.run(look_every=0.2))
@@ -192,20 +190,15 @@ class Harness:
         """Everything stops where it is; nothing is flushed or said (the store closes without a
         commit of anything in flight: an open transaction is never committed)."""
         if self.scheduler is not None:
-            self.scheduler._closing = True
-            for worker in list(self.scheduler.workers.values()):
-                worker.cancel()
+            self.scheduler.halt()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self.scheduler is not None:
-            await asyncio.gather(*(w.wait() for w in self.scheduler.workers.values()), return_exceptions=True)
-            await self.s.requests.close()
-        for close in reversed(self._closers):
+        if self._stack is not None:  # the scheduler's close (its workers awaited), eve's client, the bot, the store
             with contextlib.suppress(Exception):
-                await close()
-        self._closers = []
+                await self._stack.aclose()
+        self._stack = None
         self.scheduler = None
 
     async def _later(self, coro: Coroutine[Any, Any, Any]) -> None:

@@ -4,6 +4,9 @@ modules import these from here, never from one another."""
 
 from __future__ import annotations
 
+import json
+import shlex
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -122,6 +125,7 @@ async def kill_during(h: Harness, image: Path, k: int, act: Callable[[], Awaitab
 # -- voice ------------------------------------------------------------------------------------------
 
 OGG = b"OggS\x00\x02fake opus voice"
+TRANSCRIPT = "hello from the recording"
 
 # The transcription command (run by ``sys.executable``): it records what it got (its arguments, the
 # recording's bytes, its directory's mode, its pid) in a JSON-lines file, then prints a transcript,
@@ -164,6 +168,21 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def parts(fake_eve: FakeEve) -> list[Any]:
+    """The ``message`` of every send eve received, in order, across sessions."""
+    return [send["message"] for session in fake_eve.sessions.values() for send in session.sends]
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    """What the transcription command recorded, one entry a run."""
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def command(script: Path, mode: str, record: Path) -> str:
+    """IVA_VOICE_COMMAND for the script at ``script`` in ``mode``, recording into ``record``."""
+    return shlex.join([sys.executable, str(script), mode, str(record)])
 
 
 # -- the transitions alone ---------------------------------------------------------------------------

@@ -318,18 +318,17 @@ async def test_abandoned_compaction_is_closed_after_the_busy_timeout(tg, fake_ev
     assert tg.texts()[3] == "The compaction was interrupted. Please send /compact again."
 
 
-async def test_after_is_the_next_turns_first_step_not_its_last(tg, fake_eve, in_process_factory):
+@pytest.mark.process
+async def test_after_is_the_next_turns_first_step_not_its_last(tg, fake_eve, bridge):
     """seed 004: "after" is the next turn's first measured input. A tool-using turn that starts at
     20 000 and ends at 85 000 after its tool output does not turn parking off; parking still
     decides on the last step (85 000 ≥ 76 800: it compacts again)."""
-    in_process = in_process_factory(IVA_CONTEXT_WINDOW="128000")  # the daemon's window from the fake's /info
-    await in_process.start()
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
     await tg.wait_texts(1)
-    await wait_chat(in_process, tg, lambda c: idle(c) and c["after_pending"] == 1, "compacted")
+    await wait_chat(bridge, tg, lambda c: idle(c) and c["after_pending"] == 1, "compacted")
     await tg.message("tools [[steps=20000,50000,85000]]", user_id=OWNER)
     await tg.wait_texts(2)
-    chat = await wait_chat(in_process, tg, lambda c: idle(c) and c["compactions"] == 2, "compacted again")
+    chat = await wait_chat(bridge, tg, lambda c: idle(c) and c["compactions"] == 2, "compacted again")
     assert chat["compaction_disabled"] == 0 and chat["last_after"] == 20_000
     assert route_order(fake_eve).count("compact") == 2
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
-import shlex
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -27,31 +25,17 @@ from bridge.config import ConfigError, Settings
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import TOKEN, FakeTelegram
 from tests.harness import FRIEND, OWNER, Harness
-from tests.scenarios import OGG, SCRIPT, alive, voice
+from tests.scenarios import OGG, SCRIPT, TRANSCRIPT, alive, command, parts, records, voice
 
 REFUSED = "I can read text, photos and documents — not this kind of message, sorry."
 REFUSED_VOICE_ON = "I can read text, photos, documents and voice messages — not this kind of message, sorry."
 UNHEARD = "I couldn't transcribe that recording — please send it again or write it down."
-TRANSCRIPT = "hello from the recording"
-
-def parts(fake_eve: FakeEve) -> list[Any]:
-    """The ``message`` of every send eve received, in order, across sessions."""
-    return [send["message"] for session in fake_eve.sessions.values() for send in session.sends]
-
-
-def records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
 
 @pytest.fixture
 def script(tmp_path: Path) -> Path:
     path = tmp_path / "transcribe.py"
     path.write_text(SCRIPT)
     return path
-
-
-def command(script: Path, mode: str, record: Path) -> str:
-    return shlex.join([sys.executable, str(script), mode, str(record)])
 
 
 @pytest.fixture

@@ -15,8 +15,7 @@ from bridge.metrics import METRICS
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness
-from tests.scenarios import OGG, SCRIPT, voice
-from tests.test_voice import TRANSCRIPT, command, parts, records
+from tests.scenarios import OGG, SCRIPT, TRANSCRIPT, command, parts, records, voice
 
 PNG = b"\x89PNG\r\n\x1a\nfake image"
 
