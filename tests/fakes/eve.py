@@ -233,6 +233,20 @@ class FakeEve:
     def _session(self, request: web.Request) -> FakeSession | None:
         return self.sessions.get(request.match_info["id"])
 
+    async def _tool_step(self, s: FakeSession, call: str, tool: str, step: int, tokens: int,
+                         turn: dict[str, Any], deliveries: list[str]) -> None:
+        """One model call that ends in a tool call: the call requested, its result, the step's usage."""
+        await self._emit(s, "actions.requested", {"actions": [{"callId": call, "input": {}, "kind": "tool-call",
+                                                               "toolName": tool}], "stepIndex": step, **turn},
+                         deliveries)
+        await self._emit(s, "action.result", {"result": {"callId": call, "kind": "tool-result", "output": {"ok": True},
+                                                         "toolName": tool}, "status": "completed", "stepIndex": step,
+                                              **turn}, deliveries)
+        await self._emit(s, "step.completed", {"finishReason": "tool-calls", "stepIndex": step, **turn,
+                                               "usage": {"inputTokens": tokens, "outputTokens": 5, "cacheReadTokens": 0}},
+                         deliveries)
+        s.usage_in += tokens
+
     async def _emit(self, session: FakeSession, type_: str, data: dict[str, Any], deliveries: list[str]) -> None:
         if type_ in self.tamper:
             data = {**data, **self.tamper.pop(type_)}
@@ -605,17 +619,7 @@ class FakeEve:
                     # model call per value, a noop tool call in each but the last.
                     tokens = values[min(step, len(values) - 1)]
                 if values and step < len(values) - 1:
-                    call = f"call_fake_{seq}_{step}"
-                    await self._emit(s, "actions.requested", {"actions": [{"callId": call, "input": {},
-                                                                           "kind": "tool-call", "toolName": "noop"}],
-                                                              "stepIndex": step, **turn}, deliveries)
-                    await self._emit(s, "action.result", {"result": {"callId": call, "kind": "tool-result",
-                                                                     "output": {"ok": True}, "toolName": "noop"},
-                                                          "status": "completed", "stepIndex": step, **turn}, deliveries)
-                    await self._emit(s, "step.completed", {"finishReason": "tool-calls", "stepIndex": step, **turn,
-                                                           "usage": {"inputTokens": tokens, "outputTokens": 5,
-                                                                     "cacheReadTokens": 0}}, deliveries)
-                    s.usage_in += tokens
+                    await self._tool_step(s, f"call_fake_{seq}_{step}", "noop", step, tokens, turn, deliveries)
                     step += 1
                     continue
                 if "tool" in marks and step == 0:
@@ -623,16 +627,7 @@ class FakeEve:
                     await self._emit(s, "action.input.appended", {"callId": call, "inputTextDelta": "{}",
                                                                   "toolName": marks["tool"], "stepIndex": step,
                                                                   **turn}, deliveries)
-                    await self._emit(s, "actions.requested", {"actions": [{"callId": call, "input": {},
-                                                                           "kind": "tool-call", "toolName": marks["tool"]}],
-                                                              "stepIndex": step, **turn}, deliveries)
-                    await self._emit(s, "action.result", {"result": {"callId": call, "kind": "tool-result",
-                                                                     "output": {"ok": True}, "toolName": marks["tool"]},
-                                                          "status": "completed", "stepIndex": step, **turn}, deliveries)
-                    await self._emit(s, "step.completed", {"finishReason": "tool-calls", "stepIndex": step, **turn,
-                                                           "usage": {"inputTokens": tokens, "outputTokens": 5,
-                                                                     "cacheReadTokens": 0}}, deliveries)
-                    s.usage_in += tokens
+                    await self._tool_step(s, call, marks["tool"], step, tokens, turn, deliveries)
                     step += 1
                     continue
                 # Like the fake LLM: echo the latest user message, markers stripped.
