@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..notebook import rules
+from ..notebook.rules import in_turn_threshold  # C9, defined with the [window] wall that needs it
 from ..storage.store import Chat
 
 __all__ = ["COOLDOWN", "ParkingDecision", "cooldown", "in_turn_threshold", "parking_decision", "threshold"]
@@ -26,11 +26,6 @@ COOLDOWN = (60.0, 300.0, 900.0)  # seconds before the next auto try, by failures
 def threshold(window: int | None, percent: int, ceiling: int) -> int:
     """min(percent% × window, ceiling); the ceiling alone when the window is unknown."""
     return min(window * percent // 100, ceiling) if window else ceiling
-
-
-def in_turn_threshold(window: int, percent: float | None = None) -> int:
-    """eve's own in-turn safety net, a quarter above ours: min(75% × window, 137 500) (C9)."""
-    return rules.in_turn_threshold(window, percent)
 
 
 @dataclass(frozen=True, slots=True)
