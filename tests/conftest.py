@@ -101,8 +101,8 @@ async def in_process_factory(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve
 
     made: list[Harness] = []
 
-    def make(**env: str) -> InProcess:
-        h = Harness(tmp_path / "state", tg, fake_eve, **env)
+    def make(*, listen: bool = False, **env: str) -> InProcess:
+        h = Harness(tmp_path / "state", tg, fake_eve, listen=listen, **env)
         made.append(h)
         return InProcess(h)
 
@@ -115,6 +115,20 @@ async def in_process_factory(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve
 async def in_process(in_process_factory: Any) -> Any:
     """The bridge in process, started: what a scenario-only test of the daemon runs on."""
     bridge = in_process_factory()
+    await bridge.start()
+    return bridge
+
+
+@pytest.fixture
+async def nb_in_process(in_process_factory: Any, fake_eve: FakeEve) -> Any:
+    """``nb_daemon`` in process: the listener with the owner API (token ``tests.daemons.API_TOKEN``)
+    and the notebook's MCP server, the fake eve calling it, notes on."""
+    from tests.daemons import API_TOKEN
+
+    bridge = in_process_factory(listen=True, IVA_API_TOKEN=API_TOKEN, IVA_CONTEXT_WINDOW="200000",
+                                IVA_NOTES_ENABLED="1",
+                                **({"IVA_MCP_TOKEN": fake_eve.mcp_token} if fake_eve.mcp_token else {}))
+    fake_eve.mcp_url = bridge.api_url + "/mcp"
     await bridge.start()
     return bridge
 

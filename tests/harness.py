@@ -43,6 +43,14 @@ from tests.fakes.waiting import settle, unsettled, until
 
 T = TypeVar("T")
 
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
 OWNER = 1
 FRIEND = 2
 
@@ -107,8 +115,10 @@ async def open_store(path: Path, **kwargs: Any) -> tuple[Database, DiskQueue, St
 class Harness:
     def __init__(self, state: Path, tg: FakeTelegram, fake_eve: FakeEve, *,
                  eve_transport: httpx.AsyncBaseTransport | None = None,
-                 clock: Any = None, busy_clock: PeriodClock | None = None, **env: str) -> None:
+                 clock: Any = None, busy_clock: PeriodClock | None = None, listen: bool = False,
+                 **env: str) -> None:
         self.state = state
+        self.listen = listen  # the listener (owner API, /mcp, /healthz, /metrics) on a free loopback port
         self.eve_transport = eve_transport  # eve_client's own seam, for faults below HTTP
         self.clock = clock  # a test's clock for the pacer's holds (tests/fakes/clock.py), or None: real time
         self.busy_clock = busy_clock  # a test's clock for the busy periods' time rules, or None: real time
@@ -117,7 +127,8 @@ class Harness:
         self.env = {
             "IVA_TELEGRAM_TOKEN": TOKEN, "IVA_TELEGRAM_API_URL": tg.url, "IVA_EVE_URL": fake_eve.url,
             "IVA_EVE_TOKEN": fake_eve.token, "IVA_STATE_DIR": str(state), "IVA_OWNER_IDS": str(OWNER),
-            "IVA_ALLOWED_USER_IDS": str(FRIEND), "IVA_LANG": "en", "IVA_NOTES_ENABLED": "0", **UNPACED, **env,
+            "IVA_ALLOWED_USER_IDS": str(FRIEND), "IVA_LANG": "en", "IVA_NOTES_ENABLED": "0", **UNPACED,
+            **({"IVA_API_LISTEN": f"127.0.0.1:{free_port()}"} if listen else {}), **env,
         }
         self.settings = Settings.from_env(self.env)
         self.db: KillingDatabase | None = None
@@ -171,7 +182,7 @@ class Harness:
         seams = Seams(open_state=killing_state, eve_transport=self.eve_transport, wall=lambda: self.wall(),
                       pacer_clock=None if self.clock is None else self.clock,
                       pacer_sleep=None if self.clock is None else self.clock.sleep,
-                      close_bot=lambda bot: self._later(bot.session.close()), listen=False,
+                      close_bot=lambda bot: self._later(bot.session.close()), listen=self.listen,
                       period_clock=self.busy_clock)
         self._stack = contextlib.AsyncExitStack()
         opened = await open_bridge(self.settings, self._stack, spawn=self.spawn, get_me=get_me, seams=seams)
@@ -279,6 +290,16 @@ class InProcess:
 
     async def crash(self) -> None:
         await self.h.crash()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.h.env
+
+    @property
+    def api_url(self) -> str:
+        """The listener's base URL (a harness made with ``listen=True``)."""
+        assert self.h.listen, "the harness was made without its listener (listen=True)"
+        return "http://" + self.h.env["IVA_API_LISTEN"]
 
     def db(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.h.settings.db_path)
