@@ -423,3 +423,28 @@ async def backend(request) -> AsyncIterator[Backend]:
     else:
         real = request.getfixturevalue("real_eve")
         yield Backend("real", real.url, real.token, None, real)
+
+
+@pytest.fixture
+async def eve_in_process_factory(tmp_path: Path, tg: FakeTelegram) -> AsyncIterator[Any]:
+    """``make(url, token, fake=None, listen=False, **env)``: the bridge in process (an InProcess,
+    not yet started) against any eve — a ``Backend``'s ``.url, .token, .fake``, or the real eve's.
+    Against the real eve it listens where that eve's notebook connection points (MCP_LISTEN, the
+    URL baked into its build) and takes that connection's token, as ``daemon_factory`` does."""
+    from tests.harness import Harness, InProcess
+
+    made: list[Harness] = []
+
+    def make(url: str, token: str, fake: FakeEve | None = None, *, listen: bool = False, **env: str) -> InProcess:
+        if url in MCP_LISTEN:
+            listen = True
+            env = {"IVA_API_LISTEN": MCP_LISTEN[url], "IVA_MCP_TOKEN": MCP_TOKENS[url], **env}
+        elif fake is not None and fake.mcp_token and "IVA_MCP_TOKEN" not in env:
+            env = {"IVA_MCP_TOKEN": fake.mcp_token, **env}
+        h = Harness(tmp_path / "state", tg, fake, eve_url=url, eve_token=token, listen=listen, **env)
+        made.append(h)
+        return InProcess(h)
+
+    yield make
+    for h in made:
+        await h.stop()

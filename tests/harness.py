@@ -113,7 +113,8 @@ async def open_store(path: Path, **kwargs: Any) -> tuple[Database, DiskQueue, St
 
 
 class Harness:
-    def __init__(self, state: Path, tg: FakeTelegram, fake_eve: FakeEve, *,
+    def __init__(self, state: Path, tg: FakeTelegram, fake_eve: FakeEve | None, *,
+                 eve_url: str | None = None, eve_token: str | None = None,
                  eve_transport: httpx.AsyncBaseTransport | None = None,
                  clock: Any = None, busy_clock: PeriodClock | None = None, listen: bool = False,
                  **env: str) -> None:
@@ -123,10 +124,15 @@ class Harness:
         self.clock = clock  # a test's clock for the pacer's holds (tests/fakes/clock.py), or None: real time
         self.busy_clock = busy_clock  # a test's clock for the busy periods' time rules, or None: real time
         self.tg = tg
+        # The fake eve, or None with ``eve_url``/``eve_token`` naming another eve (the real one,
+        # tests/conftest.py's ``Backend``): settled() then checks Telegram and the state only.
         self.fake_eve = fake_eve
+        eve_url = eve_url or (fake_eve.url if fake_eve is not None else None)
+        eve_token = eve_token or (fake_eve.token if fake_eve is not None else None)
+        assert eve_url and eve_token, "a fake eve, or the URL and token of an eve"
         self.env = {
-            "IVA_TELEGRAM_TOKEN": TOKEN, "IVA_TELEGRAM_API_URL": tg.url, "IVA_EVE_URL": fake_eve.url,
-            "IVA_EVE_TOKEN": fake_eve.token, "IVA_STATE_DIR": str(state), "IVA_OWNER_IDS": str(OWNER),
+            "IVA_TELEGRAM_TOKEN": TOKEN, "IVA_TELEGRAM_API_URL": tg.url, "IVA_EVE_URL": eve_url,
+            "IVA_EVE_TOKEN": eve_token, "IVA_STATE_DIR": str(state), "IVA_OWNER_IDS": str(OWNER),
             "IVA_ALLOWED_USER_IDS": str(FRIEND), "IVA_LANG": "en", "IVA_NOTES_ENABLED": "0", **UNPACED,
             **({"IVA_API_LISTEN": f"127.0.0.1:{free_port()}"} if listen else {}), **env,
         }
@@ -254,7 +260,7 @@ class Harness:
         return Chat.from_row(rows[0]) if rows else None
 
     def _unsettled(self, eve_quiet: bool) -> list[str]:
-        why = unsettled(self.settings.db_path, self.tg, self.fake_eve if eve_quiet else None)
+        why = unsettled(self.settings.db_path, self.tg, self.fake_eve if eve_quiet and self.fake_eve else None)
         assert self.scheduler is not None
         if not self.scheduler.settled():
             why.append("a worker running")

@@ -1,4 +1,6 @@
-"""Turn scenarios run against the fake eve and the real eve alike (contract: T1, T3, T4, T6, T7)."""
+"""Turn scenarios run against the fake eve and the real eve alike (contract: T1, T3, T4, T6, T7),
+the bridge in process (tests/harness.py) on either eve; a restart is the harness's
+graceful stop and a start."""
 
 from __future__ import annotations
 
@@ -6,12 +8,10 @@ import pytest
 
 from tests.conftest import OWNER
 
-pytestmark = pytest.mark.process  # every test here runs the bridge as a process
-
 
 @pytest.fixture
-async def daemon(daemon_factory, backend):
-    d = daemon_factory(backend.url, backend.token)
+async def daemon(eve_in_process_factory, backend):
+    d = eve_in_process_factory(backend.url, backend.token, backend.fake)
     await d.start()
     return d
 
@@ -47,9 +47,9 @@ async def test_messages_while_busy_wait_and_are_answered_in_order(tg, backend, d
         assert [b["turnPolicy"] for b in backend.fake.sends()] == ["queue", "queue"]
 
 
-async def test_immediate_policy_steers_the_running_turn(tg, backend, daemon_factory):
+async def test_immediate_policy_steers_the_running_turn(tg, backend, eve_in_process_factory):
     """T4 immediate: a message during a turn goes to eve at once, with turnPolicy steer."""
-    d = daemon_factory(backend.url, backend.token, IVA_TURN_POLICY="immediate")
+    d = eve_in_process_factory(backend.url, backend.token, backend.fake, IVA_TURN_POLICY="immediate")
     await d.start()
     await tg.message("slow one [[delay=3]]", user_id=OWNER)
     await tg.wait_for(lambda: backend.running("slow one"), 20, "eve running the turn")
@@ -67,7 +67,7 @@ async def test_restart_replays_the_stream_without_duplicates(tg, backend, daemon
     """T7: after a restart the stream is read again from the cursor; nothing is sent twice."""
     await tg.message("one", user_id=OWNER)
     await tg.wait_texts(1, timeout=30)
-    await daemon.terminate()
+    await daemon.h.stop()  # the graceful stop SIGTERM makes (a crash could resend an unconfirmed reply)
     await daemon.start()
     await tg.message("two", user_id=OWNER)
     await tg.wait_texts(2, timeout=30)
