@@ -155,6 +155,7 @@ class Harness:
         self.pushes: Pushes | None = None
         self.reminders: Reminders | None = None
         self.pairing: str | None = None
+        self.opened: Any = None  # what open_bridge built this start (bridge/app.py's Opened)
 
     @property
     def s(self) -> Services:
@@ -197,11 +198,23 @@ class Harness:
         self.pushes, self.reminders = opened.pushes, opened.reminders
         # Issue 24: with no owner in the settings, the pairing code this start printed.
         self.pairing = opened.pairing
+        self.opened = opened
         self.loop = opened.ingest
         self.ingest = self.spawn(opened.ingest.run())
         await self.scheduler.recover()
         if self.reminders_loop:
             self.spawn(self.reminders.run(look_every=0.2))
+
+    async def daemon_steps(self) -> None:
+        """What ``Bridge.run`` does after ``open_bridge`` and the harness does not: the command
+        menu (setMyCommands in en and ru) and the context window learned from eve's /info (unless
+        IVA_CONTEXT_WINDOW is set) — the daemon's own methods, awaited here to the end."""
+        from bridge.app import Bridge
+
+        assert self.opened is not None
+        daemon = Bridge(self.settings)
+        await daemon._commands(self.opened.bot)
+        await daemon._learn_window(self.opened.client, self.s.window, self.s)
 
     async def crash(self) -> None:
         """Everything stops where it is; nothing is flushed or said (the store closes without a

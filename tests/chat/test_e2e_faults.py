@@ -144,20 +144,23 @@ async def test_failed_turn_tells_the_user_and_frees_the_chat(tg, fake_eve, in_pr
     assert tg.texts()[1] == "echo: fine now"
 
 
-@pytest.mark.process
-async def test_eve_down_messages_wait_and_go_when_back(tg, fake_eve, daemon_factory):
+async def test_eve_down_messages_wait_and_go_when_back(tg, fake_eve, in_process_factory):
     """R6: with eve unreachable the message stays queued and is answered once eve is back."""
     import socket
+
+    import structlog
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    d = daemon_factory(f"http://127.0.0.1:{port}", fake_eve.token)
-    await d.start()
-    await tg.message("are you there", user_id=OWNER)
-    # The daemon met the outage: it tried eve, failed, and waits to try again.
-    await tg.wait_for(lambda: '"eve_unreachable"' in d.logs(), 20, "the daemon to find eve unreachable")
+    d = in_process_factory(IVA_EVE_URL=f"http://127.0.0.1:{port}")
+    with structlog.testing.capture_logs() as logs:
+        await d.start()
+        await tg.message("are you there", user_id=OWNER)
+        # The bridge met the outage: it tried eve, failed, and waits to try again.
+        await tg.wait_for(lambda: any(e["event"] == "eve_unreachable" for e in logs), 20,
+                          "the bridge to find eve unreachable")
     assert tg.texts() == []
     with d.db() as conn:
         # Kept: queued, or claimed while the client retries, never done or dropped.
@@ -193,28 +196,44 @@ async def test_texts_follow_the_users_language(tg, fake_eve, in_process):
     assert "start a new conversation" in tg.texts(FRIEND)[0]
 
 
-@pytest.mark.process
-async def test_logs_are_json_without_token_or_text(tg, fake_eve, daemon_factory):
-    """Logs: JSON lines with the chat bound; never the token; message text only at debug."""
+async def test_logs_are_json_without_token_or_text(tg, fake_eve, in_process_factory):
+    """Logs: JSON lines with the chat bound; never the token; message text only at debug. In
+    process the events are caught before rendering (with the bound context merged) and rendered
+    as the daemon renders them (bridge/log.py: the redactor, then JSON); that the daemon writes
+    such lines to stdout is seen by every process test's log scan (S5, tests/conftest.py)."""
     import json
+    import logging
 
+    import structlog
+
+    from bridge.log import Redactor
     from tests.fakes.telegram import TOKEN
 
-    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_LOG_LEVEL="info")
-    await d.start()
-    await tg.message("a very private sentence", user_id=OWNER)
-    await tg.wait_texts(1)
-    await d.terminate()
-    lines = [line for line in d.logs().splitlines() if line.startswith("{")]
+    d = in_process_factory(IVA_LOG_LEVEL="info")
+    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as events:
+        await d.start()
+        await tg.message("a very private sentence", user_id=OWNER)
+        await tg.wait_texts(1)
+        await d.settled()
+    assert d.h.settings.log_level == "info"
+    # What the daemon writes at info: the events at info and above, redacted and JSON-rendered.
+    levels = logging.getLevelNamesMapping()
+    shown = [e for e in events if levels[e["log_level"].upper()] >= logging.INFO]
+    redact = Redactor([TOKEN, fake_eve.token])
+    render = structlog.processors.JSONRenderer(ensure_ascii=False)
+    lines = [render(None, "", redact(None, "", dict(e))) for e in shown]
     records = [json.loads(line) for line in lines]
     assert any(r.get("event") == "message_queued" and r.get("chat_id") == OWNER for r in records)
-    assert TOKEN not in d.logs() and TOKEN.split(":")[1] not in d.logs()
-    assert "a very private sentence" not in d.logs()
+    raw = "\n".join(repr(e) for e in shown)  # not even before redaction
+    assert TOKEN not in raw and TOKEN.split(":")[1] not in raw
+    assert "a very private sentence" not in raw and "a very private sentence" not in "\n".join(lines)
 
 
-@pytest.mark.process  # the command menu is set by bridge/app.py at start, which the harness does not run
-async def test_status_and_help(tg, fake_eve, bridge):
+async def test_status_and_help(tg, fake_eve, in_process_factory):
     """M8 (basic): /status shows the session, the state, the queue and the last measurement."""
+    bridge = in_process_factory(IVA_NOTES_ENABLED="1")  # the daemon's default: notes on
+    await bridge.start()
+    await bridge.h.daemon_steps()  # what bridge/app.py's Bridge.run does at start: the menu, eve's window
     await tg.wait_for(lambda: {c.get("language_code") for c in tg.calls_of("setMyCommands")} >= {"en", "ru"},
                       20, "the command menu in both languages")
     await tg.message("/help", user_id=OWNER)
@@ -260,15 +279,16 @@ async def test_sigkill_before_commit_redelivers_and_answers_once(tg, fake_eve, b
     assert tg.handed.count(update_id) == 2  # redelivered after the restart: handed over twice
 
 
-@pytest.mark.process
-async def test_sigkill_loses_and_duplicates_nothing_queued(tg, fake_eve, bridge):
-    """Acceptance: messages queued behind a busy chat survive a SIGKILL + restart, answered once each."""
+async def test_sigkill_loses_and_duplicates_nothing_queued(tg, fake_eve, in_process):
+    """Acceptance: messages queued behind a busy chat survive a SIGKILL + restart, answered once each
+    (in process: tests/harness.py's crash(), what a SIGKILL leaves)."""
+    bridge = in_process
     await tg.message("long [[delay=2]]", user_id=OWNER)
     await tg.wait_for(lambda: (bridge.chat(str(OWNER)) or {}).get("status") == "busy", 10, "busy")
     for n in range(3):
         await tg.message(f"queued {n}", user_id=OWNER)
     await tg.wait_for(lambda: len(tg.calls_of("setMessageReaction")) == 3, 10, "receipts")
-    await bridge.kill()
+    await bridge.crash()
     await bridge.start()
     await tg.wait_texts(2, timeout=30)
     await bridge.settled()
