@@ -179,6 +179,9 @@ async def test_a_message_stopped_before_eve_had_it_is_never_sent(harness: Harnes
     await harness.until(lambda: tg.texts() and not harness.observe(
         "SELECT count(*) FROM outbox WHERE state = 'pending'")[0][0], what="the answer to /stop recorded")
     await harness.crash()
+    # eve drops a send whose caller is gone; wait until it sees the connection closed (a loaded
+    # machine can release it first, which is a send eve took: not this test's case).
+    await harness.until(lambda: fake_eve.held_callers_gone() == 1, what="eve to see the caller gone")
     fake_eve.hold_sends = False
     fake_eve.release_sends.set()
     await harness.start()
