@@ -19,11 +19,12 @@ import contextlib
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import structlog
 from aiogram import Bot
 from aiogram.types import User
 
@@ -32,6 +33,7 @@ from bridge.chat.services import PeriodClock, Services
 from bridge.chat.worker import Scheduler
 from bridge.config import Settings
 from bridge.intake.ingest import Ingest
+from bridge.log import Redactor
 from bridge.push.reminders import Reminders
 from bridge.push.turns import Pushes
 from bridge.storage.state import OpenedState
@@ -303,6 +305,24 @@ class InProcess:
     def __init__(self, h: Harness) -> None:
         self.h = h
         self.state = h.settings.state_dir
+        self._events: list[MutableMapping[str, Any]] | None = None
+
+    @contextlib.contextmanager
+    def catching_logs(self) -> Iterator[None]:
+        """Catch the bridge's log events from here on (structlog.testing.capture_logs, the bound
+        context merged), for :meth:`logs`."""
+        with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as events:
+            self._events = events
+            yield
+
+    def logs(self) -> str:
+        """The events caught by :meth:`catching_logs`, rendered as the daemon writes its stdout
+        (bridge/log.py: every secret of the settings redacted, then one JSON line each): what a
+        process test read from ``Daemon.logs()``. Every level, as the daemon fixtures' debug."""
+        assert self._events is not None, "no logs caught: run the bridge inside catching_logs()"
+        redact = Redactor(self.h.settings.secrets)
+        render = structlog.processors.JSONRenderer(ensure_ascii=False)
+        return "".join(f"{render(None, '', redact(None, '', dict(e)))}\n" for e in self._events)
 
     async def start(self) -> None:
         await self.h.start()

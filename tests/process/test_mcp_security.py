@@ -1,7 +1,6 @@
-"""Who gets into the notebook's /mcp (issue 12, S1) through the real daemon: the token eve's
-notebook connection sends (the fake eve's ``mcp_token``; the real eve built with
-NOTEBOOK_MCP_TOKEN), a wrong one, the start-up refusal off loopback, the warning on loopback,
-and what ``iva check`` can and cannot tell."""
+"""Who gets into the notebook's /mcp (issue 12, S1), where it takes a process: the start-up refusal
+off loopback (``python -m bridge run``'s exit), what ``iva check`` can and cannot tell, and what
+the real eve sends. The rest runs in process: tests/notebook/test_mcp_token.py."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
@@ -27,55 +25,12 @@ from tests.daemons import check_env, iva_check
 from tests.fakes.telegram import TOKEN
 from tests.scenarios import owner_turn
 
-SAVE = '[[mcp=chat_note_save {"name": "shop", "description": "list", "body": "milk"}]]'
-
-
-def notes(d) -> dict[str, str]:
-    with d.db() as conn:
-        return {r["name"]: r["body"] for r in conn.execute("SELECT name, body FROM notes WHERE address = ?",
-                                                           (str(OWNER),))}
-
-
-async def post(url: str, message: dict[str, Any], **headers: str) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as http, http.post(url, json=message, headers=headers) as response:
-        return response.status, await response.json(content_type=None)
-
 
 @pytest.mark.process
-async def test_eve_with_the_token_saves_and_a_caller_without_it_gets_401(tg, daemon_factory, fake_eve):
-    """The fake eve sends its mcp_token; daemon_factory gives the daemon the same IVA_MCP_TOKEN."""
-    fake_eve.mcp_token = "fake-mcp-token-1"
-    d = daemon_factory(fake_eve.url, fake_eve.token)
-    assert d.env["IVA_MCP_TOKEN"] == "fake-mcp-token-1"
-    fake_eve.mcp_url = d.api_url + "/mcp"
-    await d.start()
-    await tg.message(f"remember {SAVE}", user_id=OWNER)
-    await tg.wait_texts(1, timeout=30)
-    assert fake_eve.mcp_results[0]["is_error"] is False and notes(d) == {"shop": "milk"}
-    session = fake_eve.mcp_results[0]["session"]
-    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
-    for headers in ({}, {"authorization": "Bearer fake-mcp-token-2"}):
-        status, body = await post(fake_eve.mcp_url, listing, **{"x-eve-session-id": session}, **headers)
-        assert status == 401 and body["error"]["code"] == -32001, body
-    assert "mcp_unauthorized" in d.logs() and "mcp_without_token" not in d.logs()
-
-
-@pytest.mark.process
-async def test_eve_with_a_wrong_token_gets_no_tools_and_writes_nothing(tg, daemon_factory, fake_eve):
-    fake_eve.mcp_token = "eves-stale-token"
-    d = daemon_factory(fake_eve.url, fake_eve.token, IVA_MCP_TOKEN="iva-new-token")
-    fake_eve.mcp_url = d.api_url + "/mcp"
-    await d.start()
-    await tg.message(f"remember {SAVE}", user_id=OWNER)
-    await tg.wait_texts(1, timeout=30)
-    assert fake_eve.mcp_results[0]["listed"] == [] and notes(d) == {}
-    assert '"event": "mcp_unauthorized"' in d.logs() and '"reason": "wrong"' in d.logs()
-
-
-@pytest.mark.process
-async def test_iva_refuses_to_start_off_loopback_without_the_token_and_warns_on_loopback(tg, daemon_factory, fake_eve):
+async def test_iva_refuses_to_start_off_loopback_without_the_token(tg, fake_eve):
     """S1: IVA_API_LISTEN=0.0.0.0 without IVA_MCP_TOKEN is a configuration error (exit 2, one line
-    naming the fix); on loopback the bridge runs and says at start that /mcp has no token."""
+    naming the fix), from ``python -m bridge run`` itself; the warning on loopback:
+    tests/notebook/test_mcp_token.py."""
     env = {**os.environ, "IVA_TELEGRAM_TOKEN": TOKEN, "IVA_TELEGRAM_API_URL": tg.url, "IVA_EVE_URL": fake_eve.url,
            "IVA_OWNER_IDS": str(OWNER), "IVA_API_LISTEN": f"0.0.0.0:{free_port()}"}
     env.pop("IVA_MCP_TOKEN", None)
@@ -87,11 +42,6 @@ async def test_iva_refuses_to_start_off_loopback_without_the_token_and_warns_on_
     [line] = [x for x in out.decode().splitlines() if "IVA_MCP_TOKEN" in x]
     assert "IVA_API_LISTEN=0.0.0.0:" in line and "is not loopback" in line and "NOTEBOOK_MCP_TOKEN" in line
     assert not tg.calls_of("getMe")  # refused before reaching anything
-
-    d = daemon_factory(fake_eve.url, fake_eve.token)
-    assert "IVA_MCP_TOKEN" not in d.env
-    await d.start()
-    assert "mcp_without_token" in d.logs()
 
 
 @pytest.mark.process
@@ -165,19 +115,3 @@ async def test_the_real_eve_sends_the_token_and_fills_the_session_argument_no_sc
             break
         await asyncio.sleep(0.05)
     assert json.loads(answered[-1]["tool_results"][-1]["content"])["saved"] == "shop"
-
-
-@pytest.mark.process
-@REAL
-async def test_the_real_eve_with_a_wrong_token_gets_no_tools_and_the_turn_goes_on(tg, daemon_factory, real_eve):
-    """eve reads the 401 as "needs authorization" and tells the model so; the turn still ends."""
-    d = daemon_factory(real_eve.url, real_eve.token, IVA_MCP_TOKEN="not-what-eve-was-built-with")
-    await d.start()
-    await tg.message('wt1 [[call=notebook__chat_note_save {"name": "shop", "description": "list", "body": "milk"}]]',
-                     user_id=OWNER)
-    await tg.wait_texts(1, timeout=60)
-    assert notes(d) == {}
-    records = [r for r in real_eve.llm_requests() if "wt1" in (r.get("latest_user") or "") and r.get("tool_results")]
-    seen_by_model = records[-1]["tool_results"][-1]["content"]
-    assert '"notebook" requires authorization' in seen_by_model, seen_by_model
-    assert "mcp_unauthorized" in d.logs()
