@@ -23,6 +23,38 @@ async def iva_check(env: dict[str, str]) -> tuple[int, str]:
     return proc.returncode, out.decode()
 
 
+async def iva_check_in_process(monkeypatch: Any, capsys: Any, env: dict[str, str]) -> tuple[int, str]:
+    """``iva check`` with ``env`` in this process: ``bridge.cli.main(["check"])`` in a thread (it
+    runs its own event loop, so the fakes on the test's loop keep answering), the environment
+    ``env`` set for this call only, and what it printed, stdout then stderr (the FAIL lines), as
+    the process's merged output has them. The logging it configures is put back afterwards."""
+    import logging
+
+    import structlog
+
+    from bridge.cli import main
+
+    root = logging.getLogger()
+    saved = (structlog.get_config(), root.handlers[:], root.level,
+             {name: logging.getLogger(name).level for name in ("aiogram", "httpx", "aiohttp", "httpcore",
+                                                                 "aiogram.event")})
+    capsys.readouterr()
+    try:
+        with monkeypatch.context() as m:
+            for name, value in env.items():
+                m.setenv(name, value)
+            code = await asyncio.wait_for(asyncio.to_thread(main, ["check"]), 60)
+    finally:
+        config, handlers, level, levels = saved
+        structlog.configure(**config)
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for name, value in levels.items():
+            logging.getLogger(name).setLevel(value)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
 def check_env(tg: Any, eve_url: str, eve_token: str, **extra: str) -> dict[str, str]:
     return {"IVA_TELEGRAM_TOKEN": BOT_TOKEN, "IVA_TELEGRAM_API_URL": tg.url, "IVA_EVE_URL": eve_url,
             "IVA_EVE_TOKEN": eve_token, "IVA_OWNER_IDS": str(OWNER), **extra}
