@@ -1,6 +1,11 @@
-"""``iva run``'s refusals at start: one line and an exit code systemd does not restart on. They run
-the bridge as a process (its own exit code, its signal handlers, its stdout); ``iva check``,
-``iva status`` and ``iva restore-notes`` run in process in tests/unit/test_cli.py."""
+"""``iva run``'s refusals at start: one line and an exit code systemd does not restart on. These
+stay processes: ``main(["run"])`` installs its SIGTERM/SIGINT handlers, which only a main thread
+may (the fakes would then need a loop of their own in a thread), and its ``log.configure`` caches
+bridge.app's logger on the run's own processor list for the rest of the worker
+(cache_logger_on_first_use), so a later test's ``capture_logs`` misses bridge.app's events (and
+keeping that list as the configured one instead garbles the next in-process run's lines); undoing
+it means touching bridge internals.
+``iva check``, ``iva status`` and ``iva restore-notes`` run in process in tests/unit/test_cli.py."""
 
 from __future__ import annotations
 
