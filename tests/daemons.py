@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -21,6 +23,49 @@ async def iva_check(env: dict[str, str]) -> tuple[int, str]:
     proc = await spawn_bridge("check", env={**os.environ, **env})
     out, _ = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode, out.decode()
+
+
+@contextlib.contextmanager
+def _logging_put_back() -> Iterator[None]:
+    """What ``bridge.log.configure`` sets (structlog's configuration, the root logger's handlers
+    and level, the libraries' levels), as it was before: a CLI command run in process configures
+    logging for the whole process, and the next test must not log into this one's capture. (No
+    bridge logger is first used during ``iva check``, so none is left cached on its processors by
+    ``cache_logger_on_first_use``; ``iva run`` caches bridge.app's, which is one reason its tests
+    stay processes: tests/process/test_cli.py.)"""
+    import logging
+
+    import structlog
+
+    root = logging.getLogger()
+    names = ("aiogram", "httpx", "aiohttp", "httpcore", "aiogram.event")
+    config, handlers, level = structlog.get_config(), root.handlers[:], root.level
+    levels = {name: logging.getLogger(name).level for name in names}
+    try:
+        yield
+    finally:
+        structlog.configure(**config)
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for name, value in levels.items():
+            logging.getLogger(name).setLevel(value)
+
+
+async def iva_check_in_process(monkeypatch: Any, capsys: Any, env: dict[str, str]) -> tuple[int, str]:
+    """``iva check`` with ``env`` in this process: ``bridge.cli.main(["check"])`` in a thread (it
+    runs its own event loop, so the fakes on the test's loop keep answering), the environment
+    ``env`` set for this call only, and what it printed, stdout then stderr (the FAIL lines), as
+    the process's merged output has them. The logging it configures is put back afterwards."""
+    from bridge.cli import main
+
+    with _logging_put_back():
+        capsys.readouterr()
+        with monkeypatch.context() as m:
+            for name, value in env.items():
+                m.setenv(name, value)
+            code = await asyncio.wait_for(asyncio.to_thread(main, ["check"]), 60)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
 
 
 def check_env(tg: Any, eve_url: str, eve_token: str, **extra: str) -> dict[str, str]:
