@@ -200,7 +200,16 @@ class Harness:
         self.pairing = opened.pairing
         self.opened = opened
         self.loop = opened.ingest
-        self.ingest = self.spawn(opened.ingest.run())
+        if opened.webhook is None:
+            self.ingest = self.spawn(opened.ingest.run())
+        else:  # O1, webhook mode: the webhook's run loop in place of polling, as Bridge.run does
+            sets = len(self.tg.calls_of("setWebhook"))
+            self.ingest = self.spawn(opened.webhook.run())
+            # Ready, as tests/conftest.py's Daemon is, once it set its webhook (only once it serves).
+            await self.until(lambda: len(self.tg.calls_of("setWebhook")) > sets or self.ingest.done(),
+                             20, "the webhook set")
+            if self.ingest.done():
+                self.ingest.result()
         await self.scheduler.recover()
         if self.reminders_loop:
             self.spawn(self.reminders.run(look_every=0.2))
