@@ -319,6 +319,11 @@ class InProcess:
     async def crash(self) -> None:
         await self.h.crash()
 
+    async def stop(self) -> None:
+        """A graceful stop (what SIGTERM does to the daemon: the workers' close, then everything
+        closed); :meth:`start` starts it again on the same state."""
+        await self.h.stop()
+
     @property
     def env(self) -> dict[str, str]:
         return self.h.env
