@@ -34,7 +34,7 @@ from bridge.config import Settings
 from bridge.intake.ingest import Ingest
 from bridge.push.reminders import Reminders
 from bridge.push.turns import Pushes
-from bridge.storage.state import OpenedState
+from bridge.storage.state import OpenedState, open_state
 from bridge.storage.store import Chat, Store
 from diskqueue import Database, DiskQueue
 from tests.fakes.eve import FakeEve
@@ -147,6 +147,10 @@ class Harness:
         self.ingest: asyncio.Task[Any] | None = None
         self.loop: Ingest | None = None  # the polling loop itself (its liveness, its storage report)
         self.failing_at_start: dict[str, int] = {}  # KillingDatabase.failing from the first statement
+        # R5 at each start, when set: the product's opener (bridge/storage/state.py's open_state)
+        # checks the file first — a corrupt one quarantined, a fresh one made — and the harness's
+        # KillingDatabase then opens what it left.
+        self.check_state = False
         # W1-W9: pushed turns and reminders; the reminders read this wall clock (a test moves it)
         # and fire when the test calls ``reminders.fire_due()``, or on their own loop when
         # ``reminders_loop`` is set before start.
@@ -177,11 +181,17 @@ class Harness:
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
 
         async def killing_state(path: Path) -> OpenedState:
+            quarantined: Path | None = None
+            problem: str | None = None
+            if self.check_state:
+                checked = await open_state(path)
+                await checked.db.close()
+                quarantined, problem = checked.quarantined, checked.problem
             db, queue, store = await open_store(path, kill_at=kill_at, image=image)
             assert isinstance(db, KillingDatabase)
             self.db = db
             db.failing.update(self.failing_at_start)
-            return OpenedState(db, queue, store, None, None)
+            return OpenedState(db, queue, store, quarantined, problem)
 
         async def get_me(bot: Bot) -> User:
             return await bot.get_me()
