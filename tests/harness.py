@@ -176,7 +176,8 @@ class Harness:
         """Build the bridge as the daemon does (bridge/app.py's ``open_bridge``: the store opened
         and repaired, the graph wired) with the harness's seams — a :class:`KillingDatabase`, the
         test's clock for the pacer, eve's transport, the reminders' wall clock, no listener — then
-        run ingest and recovery."""
+        run ingest (in webhook mode, O1, the webhook's loop, ready once it set its webhook) and
+        recovery."""
         self.starts += 1
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
 
