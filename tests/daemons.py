@@ -94,3 +94,30 @@ def notes_in_db(d, address: str) -> dict[str, dict[str, Any]]:
 
 async def idle(tg, d, address: str = str(OWNER)) -> None:
     await tg.wait_for(lambda: (c := d.chat(address)) is not None and c["status"] == "idle", 30, f"{address} idle")
+
+
+# -- webhook mode (issue 15): shared by tests/intake/test_webhook.py and tests/process/test_webhook.py
+
+WEBHOOK_SECRET = "hook-Secret_0123456789"
+HOOK_PATH = "/telegram/hook"
+
+
+def webhook_env() -> dict[str, str]:
+    """The settings of webhook mode, its listener on a free loopback port."""
+    from tests.conftest import free_port
+
+    port = free_port()
+    return {"IVA_TELEGRAM_WEBHOOK_URL": f"http://127.0.0.1:{port}{HOOK_PATH}",
+            "IVA_TELEGRAM_WEBHOOK_SECRET": WEBHOOK_SECRET, "IVA_WEBHOOK_LISTEN": f"127.0.0.1:{port}"}
+
+
+async def post(url: str, body: bytes, headers: dict[str, str]) -> int:
+    async with aiohttp.ClientSession() as session, \
+            session.post(url, data=body, headers={"content-type": "application/json", **headers}) as answer:
+        return answer.status
+
+
+async def healthz(d: Any) -> dict[str, object]:
+    """``/healthz`` of a daemon or an InProcess (made with its listener)."""
+    async with aiohttp.ClientSession() as session, session.get(d.api_url + "/healthz") as answer:
+        return dict(await answer.json())

@@ -36,7 +36,7 @@ from bridge.intake.ingest import Ingest
 from bridge.log import Redactor
 from bridge.push.reminders import Reminders
 from bridge.push.turns import Pushes
-from bridge.storage.state import OpenedState
+from bridge.storage.state import OpenedState, open_state
 from bridge.storage.store import Chat, Store
 from diskqueue import Database, DiskQueue
 from tests.fakes.eve import FakeEve
@@ -149,6 +149,10 @@ class Harness:
         self.ingest: asyncio.Task[Any] | None = None
         self.loop: Ingest | None = None  # the polling loop itself (its liveness, its storage report)
         self.failing_at_start: dict[str, int] = {}  # KillingDatabase.failing from the first statement
+        # R5 at each start, when set: the product's opener (bridge/storage/state.py's open_state)
+        # checks the file first — a corrupt one quarantined, a fresh one made — and the harness's
+        # KillingDatabase then opens what it left.
+        self.check_state = False
         # W1-W9: pushed turns and reminders; the reminders read this wall clock (a test moves it)
         # and fire when the test calls ``reminders.fire_due()``, or on their own loop when
         # ``reminders_loop`` is set before start.
@@ -174,16 +178,23 @@ class Harness:
         """Build the bridge as the daemon does (bridge/app.py's ``open_bridge``: the store opened
         and repaired, the graph wired) with the harness's seams — a :class:`KillingDatabase`, the
         test's clock for the pacer, eve's transport, the reminders' wall clock, no listener — then
-        run ingest and recovery."""
+        run ingest (in webhook mode, O1, the webhook's loop, ready once it set its webhook) and
+        recovery."""
         self.starts += 1
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
 
         async def killing_state(path: Path) -> OpenedState:
+            quarantined: Path | None = None
+            problem: str | None = None
+            if self.check_state:
+                checked = await open_state(path)
+                await checked.db.close()
+                quarantined, problem = checked.quarantined, checked.problem
             db, queue, store = await open_store(path, kill_at=kill_at, image=image)
             assert isinstance(db, KillingDatabase)
             self.db = db
             db.failing.update(self.failing_at_start)
-            return OpenedState(db, queue, store, None, None)
+            return OpenedState(db, queue, store, quarantined, problem)
 
         async def get_me(bot: Bot) -> User:
             return await bot.get_me()
@@ -202,7 +213,16 @@ class Harness:
         self.pairing = opened.pairing
         self.opened = opened
         self.loop = opened.ingest
-        self.ingest = self.spawn(opened.ingest.run())
+        if opened.webhook is None:
+            self.ingest = self.spawn(opened.ingest.run())
+        else:  # O1, webhook mode: the webhook's run loop in place of polling, as Bridge.run does
+            sets = len(self.tg.calls_of("setWebhook"))
+            self.ingest = self.spawn(opened.webhook.run())
+            # Ready, as tests/conftest.py's Daemon is, once it set its webhook (only once it serves).
+            await self.until(lambda: len(self.tg.calls_of("setWebhook")) > sets or self.ingest.done(),
+                             20, "the webhook set")
+            if self.ingest.done():
+                self.ingest.result()
         await self.scheduler.recover()
         if self.reminders_loop:
             self.spawn(self.reminders.run(look_every=0.2))
@@ -329,6 +349,11 @@ class InProcess:
 
     async def crash(self) -> None:
         await self.h.crash()
+
+    async def stop(self) -> None:
+        """A graceful stop (what SIGTERM does to the daemon: the workers' close, then everything
+        closed); :meth:`start` starts it again on the same state."""
+        await self.h.stop()
 
     @property
     def env(self) -> dict[str, str]:

@@ -58,13 +58,13 @@ async def test_below_threshold_no_compaction(tg, fake_eve, in_process):
     assert route_order(fake_eve) == ["send:small"]
 
 
-@pytest.mark.process  # the window read from eve's /info at start is bridge/app.py's, which the harness does not run
 @pytest.mark.parametrize(("window", "expect"), [(None, True), ("1000000", False)])
-async def test_threshold_from_info_or_env(tg, fake_eve, daemon_factory, window, expect):
+async def test_threshold_from_info_or_env(tg, fake_eve, in_process_factory, window, expect):
     """The window comes from IVA_CONTEXT_WINDOW, else eve's /info: 90 000 ≥ 60% of 128 000, < 110 000."""
     env = {"IVA_CONTEXT_WINDOW": window} if window else {}
-    d = daemon_factory(fake_eve.url, fake_eve.token, **env)
+    d = in_process_factory(**env)
     await d.start()
+    await d.h.daemon_steps()  # the daemon's start-up steps: the window learned from eve's /info
     await tg.message("mid [[tokens=90000]]", user_id=OWNER)
     await tg.wait_texts(1)
     await d.settled()
@@ -154,21 +154,22 @@ async def test_failed_summary_frees_the_chat_without_a_loop(tg, fake_eve, in_pro
     assert tg.texts() == ["echo: big", "echo: again big"]
 
 
-@pytest.mark.process
-async def test_ineffective_compaction_disables_parking_for_the_session(tg, fake_eve, bridge):
+async def test_ineffective_compaction_disables_parking_for_the_session(tg, fake_eve, in_process):
     """C8: "after" still ≥ threshold → parking compaction off for the session, across a restart; /new re-enables."""
+    await in_process.h.daemon_steps()  # the daemon's start-up steps: the window learned from eve's /info
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
     await tg.wait_texts(1)
-    await wait_chat(bridge, tg, lambda c: idle(c) and c["after_pending"] == 1, "compacted")
+    await wait_chat(in_process, tg, lambda c: idle(c) and c["after_pending"] == 1, "compacted")
     await tg.message("still big [[tokens=120000]]", user_id=OWNER)
     await tg.wait_texts(2)
-    await wait_chat(bridge, tg, lambda c: idle(c) and c["compaction_disabled"] == 1, "disabled")
+    await wait_chat(in_process, tg, lambda c: idle(c) and c["compaction_disabled"] == 1, "disabled")
     assert route_order(fake_eve).count("compact") == 1
-    await bridge.terminate()
-    await bridge.start()
+    await in_process.stop()
+    await in_process.start()
+    await in_process.h.daemon_steps()
     await tg.message("big again [[tokens=120000]]", user_id=OWNER)
     await tg.wait_texts(3)
-    await wait_chat(bridge, tg, idle, "idle")
+    await wait_chat(in_process, tg, idle, "idle")
     await tg.message("/status", user_id=OWNER)
     await tg.wait_texts(4)
     assert "off for this conversation" in tg.texts()[3]
@@ -177,7 +178,7 @@ async def test_ineffective_compaction_disables_parking_for_the_session(tg, fake_
     await tg.wait_texts(5)
     await tg.message("fresh big [[tokens=120000]]", user_id=OWNER)
     await tg.wait_texts(6)
-    await wait_chat(bridge, tg, lambda c: idle(c) and c["compactions"] == 2 and c["compaction_disabled"] == 0,
+    await wait_chat(in_process, tg, lambda c: idle(c) and c["compactions"] == 2 and c["compaction_disabled"] == 0,
                     "compacted in the new session")
     assert route_order(fake_eve).count("compact") == 2
 
@@ -223,11 +224,11 @@ async def test_manual_compact_reports_before_and_after_and_runs_once(tg, fake_ev
     assert after[1].startswith("After compaction: ") and after[1].endswith("tokens (was 50 000).")
 
 
-@pytest.mark.process
-async def test_contract_notice_and_interrupt_on_both_eves(tg, backend, daemon_factory):
+async def test_contract_notice_and_interrupt_on_both_eves(tg, backend, eve_in_process_factory):
     """C3 then C4 on the fake and the real eve: one notice and an ordered answer; an interrupting message."""
-    d = daemon_factory(backend.url, backend.token)
+    d = eve_in_process_factory(backend.url, backend.token, backend.fake)
     await d.start()
+    await d.h.daemon_steps()  # the daemon's start-up steps: the window learned from eve's /info
     backend.slow_summary(3)
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
     await tg.wait_for(lambda: (c := d.chat(A)) and compacting(c), 30, "compacting")
@@ -237,10 +238,12 @@ async def test_contract_notice_and_interrupt_on_both_eves(tg, backend, daemon_fa
     await tg.wait_for(lambda: d.chat(A)["status"] == "idle", 40, "idle")
     assert tg.texts() == ["echo: big", "Compacting the conversation, I'll answer soon.", "echo: one two"]
     assert d.chat(A)["compactions"] == 1
-    await d.terminate()
+    await d.stop()
 
-    immediate = daemon_factory(backend.url, backend.token, IVA_TURN_POLICY="immediate", IVA_STATE_DIR=str(d.state / "b"))
+    immediate = eve_in_process_factory(backend.url, backend.token, backend.fake, IVA_TURN_POLICY="immediate",
+                                       IVA_STATE_DIR=str(d.state / "b"))
     await immediate.start()
+    await immediate.h.daemon_steps()
     backend.slow_summary(8)
     await tg.message("huge [[tokens=120000]]", user_id=OWNER)
     await tg.wait_texts(4, timeout=40)
@@ -252,13 +255,13 @@ async def test_contract_notice_and_interrupt_on_both_eves(tg, backend, daemon_fa
     assert tg.texts()[3:] == ["echo: huge", "echo: now"]
 
 
-@pytest.mark.process
 @REAL
-async def test_real_eve_parking_compaction_shrinks_the_next_turn(tg, real_eve, daemon_factory):
+async def test_real_eve_parking_compaction_shrinks_the_next_turn(tg, real_eve, eve_in_process_factory):
     """On the real eve: a 120 000-token turn is compacted at parking; the next measurement is far lower."""
     before = sum(1 for r in real_eve.llm_requests() if r.get("kind") == "compaction")
-    d = daemon_factory(real_eve.url, real_eve.token)
+    d = eve_in_process_factory(real_eve.url, real_eve.token)
     await d.start()
+    await d.h.daemon_steps()  # the daemon's start-up steps: the window learned from eve's /info
     await tg.message("a long day [[tokens=120000]]", user_id=OWNER)
     await tg.wait_texts(1, timeout=40)
     await tg.wait_for(lambda: (c := d.chat(A)) and c["status"] == "idle" and c["after_pending"] == 1, 40,
@@ -318,17 +321,17 @@ async def test_abandoned_compaction_is_closed_after_the_busy_timeout(tg, fake_ev
     assert tg.texts()[3] == "The compaction was interrupted. Please send /compact again."
 
 
-@pytest.mark.process
-async def test_after_is_the_next_turns_first_step_not_its_last(tg, fake_eve, bridge):
+async def test_after_is_the_next_turns_first_step_not_its_last(tg, fake_eve, in_process):
     """seed 004: "after" is the next turn's first measured input. A tool-using turn that starts at
     20 000 and ends at 85 000 after its tool output does not turn parking off; parking still
     decides on the last step (85 000 ≥ 76 800: it compacts again)."""
+    await in_process.h.daemon_steps()  # the daemon's start-up steps: the window learned from eve's /info
     await tg.message("big [[tokens=120000]]", user_id=OWNER)
     await tg.wait_texts(1)
-    await wait_chat(bridge, tg, lambda c: idle(c) and c["after_pending"] == 1, "compacted")
+    await wait_chat(in_process, tg, lambda c: idle(c) and c["after_pending"] == 1, "compacted")
     await tg.message("tools [[steps=20000,50000,85000]]", user_id=OWNER)
     await tg.wait_texts(2)
-    chat = await wait_chat(bridge, tg, lambda c: idle(c) and c["compactions"] == 2, "compacted again")
+    chat = await wait_chat(in_process, tg, lambda c: idle(c) and c["compactions"] == 2, "compacted again")
     assert chat["compaction_disabled"] == 0 and chat["last_after"] == 20_000
     assert route_order(fake_eve).count("compact") == 2
 

@@ -282,35 +282,42 @@ async def test_iva_run_status_and_check_print_a_link_without_a_user_id(daemon_fa
     assert "pairing" not in await run("check")
 
 
-@pytest.mark.process
-async def test_a_quarantined_database_means_a_new_pairing_link(daemon_factory, fake_eve: FakeEve, tg: FakeTelegram):
+async def test_a_quarantined_database_means_a_new_pairing_link(in_process_factory, tg: FakeTelegram):
     """R5 and pairing: the paired owner lives in the state database; a database moved aside at
     start takes them with it, so the fresh one has no owner and the start prints a new link — the
     old owner is a stranger until they pair again."""
     import re
 
-    daemon = daemon_factory(fake_eve.url, fake_eve.token, IVA_OWNER_IDS="", IVA_ALLOWED_USER_IDS="")
-    await daemon.start()
+    import structlog
+
+    daemon = in_process_factory(IVA_OWNER_IDS="", IVA_ALLOWED_USER_IDS="")
+    daemon.h.check_state = True  # the product's opener at each start: R5's quarantine
     pattern = rf"https://t\.me/{BOT_USERNAME}\?start=([A-Za-z0-9_-]{{22}})"
-    first = await tg.wait_for(lambda: re.findall(pattern, daemon.logs()), 15, "the pairing link")
-    await start(tg, ANN, first[0])
-    await daemon.settled()
-    assert tg.texts(ANN)[-1].startswith("You are my owner now")
-    await daemon.terminate()
-    (daemon.state / "iva.sqlite3").write_bytes(b"this is not a database at all" * 100)
-    for suffix in ("-wal", "-shm"):
-        (daemon.state / f"iva.sqlite3{suffix}").unlink(missing_ok=True)
-    await daemon.start()
-    links = await tg.wait_for(lambda: (found := re.findall(pattern, daemon.logs()))[1:] and found, 15, "a new link")
-    assert len(links) == 2 and links[-1] != first[0]  # one link per start
-    assert list(daemon.state.glob("iva.sqlite3.quarantined-*"))
-    before = len(tg.texts(ANN))
-    await tg.message("me again", user_id=ANN)
-    await daemon.settled()
-    assert len(tg.texts(ANN)) == before  # a stranger to the fresh database
-    await start(tg, ANN, links[-1])
-    await daemon.settled()
-    assert tg.texts(ANN)[-1].startswith("You are my owner now")
+    with structlog.testing.capture_logs() as events:
+        await daemon.start()
+
+        def logs() -> str:
+            return "\n".join(repr(e) for e in events)
+
+        first = await tg.wait_for(lambda: re.findall(pattern, logs()), 15, "the pairing link")
+        await start(tg, ANN, first[0])
+        await daemon.settled()
+        assert tg.texts(ANN)[-1].startswith("You are my owner now")
+        await daemon.stop()
+        (daemon.state / "iva.sqlite3").write_bytes(b"this is not a database at all" * 100)
+        for suffix in ("-wal", "-shm"):
+            (daemon.state / f"iva.sqlite3{suffix}").unlink(missing_ok=True)
+        await daemon.start()
+        links = await tg.wait_for(lambda: (found := re.findall(pattern, logs()))[1:] and found, 15, "a new link")
+        assert len(links) == 2 and links[-1] != first[0]  # one link per start
+        assert list(daemon.state.glob("iva.sqlite3.quarantined-*"))
+        before = len(tg.texts(ANN))
+        await tg.message("me again", user_id=ANN)
+        await daemon.settled()
+        assert len(tg.texts(ANN)) == before  # a stranger to the fresh database
+        await start(tg, ANN, links[-1])
+        await daemon.settled()
+        assert tg.texts(ANN)[-1].startswith("You are my owner now")
 
 
 async def test_a_locked_guessers_flood_costs_no_writes(bare: Harness, tg: FakeTelegram):

@@ -13,7 +13,6 @@ import itertools
 import time
 from pathlib import Path
 
-import pytest
 from prometheus_client import generate_latest
 
 from bridge.metrics import METRICS
@@ -348,24 +347,24 @@ async def test_the_pacer_is_on_every_bot():
         await bot.session.close()
 
 
-@pytest.mark.process
 async def test_sigterm_with_a_draft_frame_hung_stops_within_systemds_timeout(tg: FakeTelegram, fake_eve: FakeEve,
-                                                                            daemon_factory):
+                                                                            in_process_factory):
     """Issue 20 (11): SIGTERM while Telegram holds a draft frame: the daemon ends within its
-    draft timeout (5 s), well inside TimeoutStopSec=30 — not after aiogram's 60 s."""
+    draft timeout (5 s), well inside TimeoutStopSec=30 — not after aiogram's 60 s. In process,
+    SIGTERM is the graceful stop (the workers' close awaited, then everything closed)."""
     release = asyncio.Event()
 
     async def hang(params: dict) -> None:
         await release.wait()
 
     tg.hooks["sendMessageDraft"] = hang
-    daemon = daemon_factory(fake_eve.url, fake_eve.token)
+    daemon = in_process_factory()
     await daemon.start()
     try:
         await tg.message("one two three four five six [[chunkdelay=1]]", user_id=OWNER)
         await tg.wait_for(lambda: tg.in_flight("sendMessageDraft"), 15, "a draft frame in flight")
         started = time.monotonic()
-        await daemon.terminate(timeout=25)
+        await asyncio.wait_for(daemon.stop(), timeout=25)
         assert time.monotonic() - started < 15
     finally:
         release.set()
