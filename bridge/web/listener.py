@@ -70,6 +70,7 @@ class Listener:
         # First: set even when the database does not answer. Each mode its own gauges (an
         # alert on the poll's age fired forever in webhook mode, where nothing polls).
         now = CLOCK.now()  # steady (F9)
+        METRICS.mode.clear()  # one series: the mode running now (not one left by an earlier bridge in this process)
         if self.webhook is None:
             last = self.ingest.last_poll_ok
             METRICS.mode.labels(mode="polling").set(1)

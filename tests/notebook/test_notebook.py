@@ -123,14 +123,19 @@ async def test_index_mode_shows_names_offers_read_and_guards_blind_overwrites(tg
     assert "- n5 — note 5" in block and "body 5" not in block
 
 
+
+async def _turn_context(tg, fake_eve, bridge, text: str) -> str:
+    """One message answered and the chat idle again: the context block eve got with it."""
+    before = len(fake_eve.sends())
+    await tg.message(text, user_id=OWNER)
+    await tg.wait_for(lambda: len(fake_eve.sends()) > before, 30, "send")
+    await idle(tg, bridge)
+    return fake_eve.sends()[-1]["clientContext"]
+
 async def test_the_window_line_wrap_up_and_nudge_each_come_when_they_should(tg, fake_eve, nb_in_process):
     """N6 on the bridge's own measurement and threshold (window 200 000 → threshold 110 000)."""
     async def turn(text: str) -> str:
-        before = len(fake_eve.sends())
-        await tg.message(text, user_id=OWNER)
-        await tg.wait_for(lambda: len(fake_eve.sends()) > before, 30, "send")
-        await idle(tg, nb_in_process)
-        return fake_eve.sends()[-1]["clientContext"]
+        return await _turn_context(tg, fake_eve, nb_in_process, text)
 
     assert "[window]" not in await turn("one [[tokens=50000]]")
     assert "[window]" not in await turn("two [[tokens=70000]]")  # the block went with 50 000
@@ -419,11 +424,7 @@ async def test_new_rearms_the_wrap_up_and_voids_the_nudge_of_a_summary_it_threw_
     """N6, seed 000: the wrap-up invitation is once per window — a /new opens a new one; the "just
     compacted" nudge never speaks of a summary that /new threw away."""
     async def turn(text: str) -> str:
-        before = len(fake_eve.sends())
-        await tg.message(text, user_id=OWNER)
-        await tg.wait_for(lambda: len(fake_eve.sends()) > before, 30, "send")
-        await idle(tg, nb_in_process)
-        return fake_eve.sends()[-1]["clientContext"]
+        return await _turn_context(tg, fake_eve, nb_in_process, text)
 
     async def new() -> None:
         before = len(tg.texts())
