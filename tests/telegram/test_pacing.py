@@ -59,7 +59,12 @@ async def test_many_chats_answered_at_once_stay_under_every_limit(tmp_path: Path
     no call refused, each chat's parts whole, once, in order; the chats take turns."""
     tg = tg_limited
     scripted(fake_eve, {f"c{u}": 3 for u in USERS})
-    h = paced(tmp_path, tg, fake_eve)
+    # The global budget two under the default: here the fake Bot API, the fake eve and the bridge
+    # share one event loop, and on a loaded 2-core CI that loop's lag (tens of ms) bunches calls
+    # the pacer let go 1/28 s apart, so a second at the fake held 30 (2 runs in 6, 2026-12-03).
+    # The default's one message of spare is for the network; this loop's lag is the test's own.
+    rate = 26
+    h = paced(tmp_path, tg, fake_eve, IVA_SEND_RATE=str(rate))
     await h.start()
     try:
         await asyncio.gather(*(tg.message(f"hello c{u}", user_id=u) for u in USERS))
@@ -68,8 +73,8 @@ async def test_many_chats_answered_at_once_stay_under_every_limit(tmp_path: Path
         assert all(whole(tg, u, 3) for u in USERS), {u: delivered(tg, u) for u in USERS if not whole(tg, u, 3)}
         sends = [c for c in tg.calls if c.method == "sendMessage" and c.params.get("_ok")]
         assert len(sends) == 120
-        # Paced overall: 120 messages at 28/s take at least ~4.2 s from the first to the last.
-        assert sends[-1].at - sends[0].at >= 119 / 28 * 0.95
+        # Paced overall: 120 messages at the global rate take at least ~4.6 s from the first to the last.
+        assert sends[-1].at - sends[0].at >= 119 / rate * 0.95
     finally:
         await h.stop()
 
