@@ -110,17 +110,14 @@ async def test_a_failed_download_logs_no_token(tg: FakeTelegram, fake_eve: FakeE
                                               tmp_path: Path) -> None:
     """S5: aiohttp's error text for a failed download holds the file URL, /file/bot<token>/…:
     the log line says what failed, with the token removed. In process the events are caught
-    before rendering and rendered as the daemon renders them (bridge/log.py: the redactor with
-    the settings' secrets, as bridge/cli.py configures it, then JSON); the rendered lines are
-    then checked for every secret as daemon_factory checks a daemon's log."""
-    import structlog
-
-    from bridge.log import Redactor
+    before rendering and rendered as the daemon renders them (InProcess.logs: the redactor with
+    the settings' secrets, then JSON); the rendered lines are then checked for every secret as
+    daemon_factory checks a daemon's log."""
     from tests.conftest import secret_leaks
     from tests.fakes.telegram import TOKEN
 
     bridge = in_process_factory(IVA_LOG_LEVEL="debug")
-    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as events:
+    with bridge.catching_logs():
         await bridge.start()
         tg.files["gone1"] = b"bytes"
         tg.unreadable.add("gone1")
@@ -129,10 +126,8 @@ async def test_a_failed_download_logs_no_token(tg: FakeTelegram, fake_eve: FakeE
             "file_size": 5}})
         await tg.wait_texts(1)
         await bridge.settled()
-    redact = Redactor(bridge.h.settings.secrets)
-    render = structlog.processors.JSONRenderer(ensure_ascii=False)
     log = tmp_path / "rendered.log"
-    log.write_text("".join(render(None, "", redact(None, "", dict(e))) + "\n" for e in events))
+    log.write_text(bridge.logs())
     logs = log.read_text()
     assert "telegram_download_failed" in logs
     assert TOKEN.partition(":")[2] not in logs and "***" in logs
