@@ -58,7 +58,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "process: the test starts a real bridge process (at most 50 such tests)")
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's worker hook, which names each item's group
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _check_groups(config, items)
     for item in items:  # what lives in tests/process/ is there because it needs the process
         if PROCESS_DIR in Path(str(item.path)).parents and item.get_closest_marker("process") is None:
             item.add_marker(pytest.mark.process)
@@ -66,6 +68,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 if DAEMON_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("process") is None]
     if unmarked:
         raise pytest.UsageError("these tests start the daemon without @pytest.mark.process: " + ", ".join(unmarked))
+
+
+LOST_GROUP = ("pytest-xdist's loadgroup could not name this test's group in its node id (pytest 9.2 "
+              "ignores that rename): the group's tests would spread over every worker. Use pytest < 9.2.")
+
+
+def _check_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With ``--dist loadgroup`` every item marked ``xdist_group`` must carry its group in its
+    node id (how pytest-xdist sends a group to one worker). pytest 9.2 ignores that rename, and
+    the real-eve tests then spread over every worker, each starting an eve of its own: such a
+    test fails at its setup (``_group_named``), saying why."""
+    if not config.getoption("loadgroup", default=False):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+            item.stash[GROUP_LOST] = True
+
+
+GROUP_LOST = pytest.StashKey[bool]()
+
+
+@pytest.fixture(autouse=True)
+def _group_named(request: pytest.FixtureRequest) -> None:
+    if request.node.stash.get(GROUP_LOST, False):
+        pytest.fail(LOST_GROUP)
 
 
 @pytest.fixture(autouse=True)

@@ -167,7 +167,9 @@ class FakeEve:
         r.add_get("/eve/v1/session/{id}/stream", self._stream)
         for action in ("cancel", "compact", "clear", "reset"):
             r.add_post(f"/eve/v1/session/{{id}}/{action}", getattr(self, f"_{action}"))
-        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        # What is still being answered when a test ends is a stream or a held send: nothing to wait for, so
+        # the stop cancels it at once (aiohttp waits shutdown_timeout for a handler first; 0 is "forever").
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.01)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()

@@ -152,7 +152,9 @@ class FakeTelegram:
         app.router.add_post("/bot{token}/{method}", self._handle)
         app.router.add_get("/bot{token}/{method}", self._handle)
         app.router.add_get("/file/bot{token}/{path:.+}", self._file)
-        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        # What is still being answered when a test ends is a held long poll: nothing to wait for, so
+        # the stop cancels it at once (aiohttp waits shutdown_timeout for a handler first; 0 is "forever").
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.01)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
