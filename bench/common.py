@@ -77,14 +77,14 @@ class Daemon:
         self.proc: asyncio.subprocess.Process | None = None
         self.log = state / "daemon.log"
 
-    async def start(self, argv: list[str] | None = None) -> None:
+    async def start(self, argv: list[str] | None = None, *, timeout: float = 60) -> None:
         polls = len(self.tg.calls_of("getUpdates"))
         with open(self.log, "ab") as out:
             self.proc = await asyncio.create_subprocess_exec(
                 *(argv or [sys.executable, "-m", "bridge", "run"]), cwd=ROOT, env=self.env,
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
             )
-        await self.tg.wait_for(lambda: len(self.tg.calls_of("getUpdates")) > polls, 60, "the daemon to poll")
+        await self.tg.wait_for(lambda: len(self.tg.calls_of("getUpdates")) > polls, timeout, "the daemon to poll")
 
     def rss_peak_kb(self) -> int:
         assert self.proc is not None

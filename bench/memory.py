@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from bench.common import stack, teardown
 from tests.fakes.telegram import UNPACED
@@ -18,7 +19,8 @@ from tests.fakes.telegram import UNPACED
 async def run(chats: int, out: str) -> dict[str, float]:
     tg, eve, daemon, _, users = await stack(chats, **UNPACED, IVA_MAX_TURNS=str(chats))
     daemon.env["TRACED_OUT"] = out
-    await daemon.start([sys.executable, "-m", "bench.traced"])
+    # Under tracemalloc aiogram's import (pydantic's schemas of the whole Bot API) takes minutes.
+    await daemon.start([sys.executable, "-m", "bench.traced"], timeout=600)
     try:
         assert daemon.proc is not None
         await asyncio.sleep(2)
@@ -33,10 +35,16 @@ async def run(chats: int, out: str) -> dict[str, float]:
         await asyncio.sleep(5)
         rss1 = daemon.rss_peak_kb()
         os.kill(daemon.proc.pid, signal.SIGUSR1)
-        await asyncio.sleep(5)
+        busy_at = time.monotonic()  # the busy snapshot is compared by traceback: minutes under tracemalloc
+        while "=== snapshot 2" not in (Path(out).read_text() if Path(out).exists() else "") \
+                and time.monotonic() - busy_at < 900:
+            await asyncio.sleep(2)
         busy = sum(1 for s in eve.sessions.values() if s.running)
     finally:
-        await teardown(daemon, tg, eve)
+        try:
+            await teardown(daemon, tg, eve)
+        except TimeoutError:  # under tracemalloc the stop can outlast the bench's minute
+            await daemon.kill()
     return {"busy": busy, "rss_idle_mb": round(rss0 / 1024, 1), "rss_busy_mb": round(rss1 / 1024, 1),
             "kb_per_busy_chat": round((rss1 - rss0) / max(1, busy), 1)}
 
