@@ -45,6 +45,7 @@ async def run(chats: int, out: str) -> dict[str, float]:
             await teardown(daemon, tg, eve)
         except TimeoutError:  # under tracemalloc the stop can outlast the bench's minute
             await daemon.kill()
+            await teardown(daemon, tg, eve)  # the daemon gone, the fakes still to stop
     return {"busy": busy, "rss_idle_mb": round(rss0 / 1024, 1), "rss_busy_mb": round(rss1 / 1024, 1),
             "kb_per_busy_chat": round((rss1 - rss0) / max(1, busy), 1)}
 

@@ -70,6 +70,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("these tests start the daemon without @pytest.mark.process: " + ", ".join(unmarked))
 
 
+GROUP_LOST = pytest.StashKey[bool]()  # set on an item whose xdist group its node id does not carry
 LOST_GROUP = ("pytest-xdist's loadgroup could not name this test's group in its node id (pytest 9.2 "
               "ignores that rename): the group's tests would spread over every worker. Use pytest < 9.2.")
 
@@ -84,9 +85,6 @@ def _check_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
             item.stash[GROUP_LOST] = True
-
-
-GROUP_LOST = pytest.StashKey[bool]()
 
 
 @pytest.fixture(autouse=True)
