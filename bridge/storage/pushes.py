@@ -42,12 +42,17 @@ class PushStore:
         return None if row is None else int(row["id"])
 
     async def sent_since_told(self, address: str, prefix: str, limit: int) -> list[sqlite3.Row]:
-        """The newest ``limit`` sent outbox rows keyed ``prefix…`` after the address's told mark,
-        newest first."""
+        """The newest ``limit`` sent outbox rows keyed ``prefix`` + ``address:`` + … after the
+        address's told mark, newest first.
+
+        Asked before every turn (W5), so it reads only the chat's notifications: a range of the
+        ``key`` index (the ``+`` keeps SQLite off the ``(address, state, id)`` index, which would
+        walk every answer the chat was ever sent that retention kept)."""
+        low = f"{prefix}{address}:"
         return await self.db.fetchall(
-            "SELECT id, text, sent_at FROM outbox WHERE address = ? AND state = 'sent' AND substr(key, 1, ?) = ? "
-            "AND id > coalesce((SELECT upto FROM push_told WHERE address = ?), 0) ORDER BY id DESC LIMIT ?",
-            (address, len(prefix), prefix, address, limit))
+            "SELECT id, text, sent_at FROM outbox WHERE key >= ? AND key < ? AND +address = ? AND +state = 'sent' "
+            "AND +id > coalesce((SELECT upto FROM push_told WHERE address = ?), 0) ORDER BY id DESC LIMIT ?",
+            (low, low[:-1] + chr(ord(":") + 1), address, address, limit))
 
     async def mark_told(self, address: str, upto: int) -> None:
         await self.db.execute("INSERT INTO push_told (address, upto) VALUES (?, ?) ON CONFLICT (address) DO UPDATE "

@@ -432,3 +432,47 @@ async def test_a_lone_surrogate_in_a_pushed_or_reminder_text_becomes_a_replaceme
     assert tg.texts(OWNER)[-1] == "echo: hi \ufffd there"
     listed = (await client.get(f"/v1/chats/{A}/reminders")).json()["reminders"]
     assert [x["text"] for x in listed] == ["tea \ufffd"]
+
+
+async def test_the_notifications_since_eve_was_told_are_read_without_walking_the_chats_answers(tmp_path: Path):
+    """W5's read before every turn costs the same however many answers the chat was sent: it
+    reads the chat's notifications (a range of the outbox's key index), not every sent row that
+    retention kept (SQLite's virtual-machine steps, counted, for 50 and for 2 000 answers)."""
+    from bridge.push.turns import NOTIFY, TOLD_AT_MOST
+    from bridge.storage.pushes import PushStore
+    from tests.harness import open_store
+
+    db, _, store = await open_store(tmp_path / "state.db")
+    try:
+        async def answers(first: int, n: int) -> None:
+            for i in range(first, first + n):
+                row = await store.put_outgoing(A, f"answer:{i}", OWNER, None, f"answer {i}")
+                assert row is not None
+            await db.execute("UPDATE outbox SET state = 'sent', sent_at = 1 WHERE state = 'pending'")
+
+        async def steps() -> tuple[int, list[str]]:
+            counted = [0]
+
+            def count() -> int:
+                counted[0] += 1
+                return 0
+
+            db.conn.set_progress_handler(count, 10)
+            try:
+                rows = await PushStore(db).sent_since_told(A, NOTIFY, TOLD_AT_MOST)
+            finally:
+                db.conn.set_progress_handler(None, 10)
+            return counted[0], [r["text"] for r in rows]
+
+        await answers(0, 25)
+        await store.put_outgoing(A, f"{NOTIFY}{A}:n1", OWNER, None, "build broke")
+        await store.put_outgoing("other", f"{NOTIFY}other:n1", OWNER, None, "not this chat's")
+        await answers(25, 25)
+        few, texts = await steps()
+        assert texts == ["build broke"]
+        await answers(50, 1950)
+        many, texts = await steps()
+        assert texts == ["build broke"]
+        assert many <= few + 5, (few, many)  # walking 2 000 answers: ~40 times as many steps
+    finally:
+        await db.close()
