@@ -90,6 +90,12 @@ class BusyPeriod:
             async for event in p.s.eve.stream(p.session, p.cursor):
                 await p.inbox.put(event)
             await p.inbox.put(StreamEnded())
+        except asyncio.CancelledError:
+            # Only its period cancels the reader, and it waits for it. Ended quietly, the task
+            # keeps no CancelledError, whose traceback would hold the stream's frames (httpx's
+            # response and request, their buffers) in a reference cycle until the garbage
+            # collector's next full pass (docs/benchmarks.md, section 18).
+            return
         except Exception as exc:  # not only eve's errors: the loop must see any end
             # An error the client did not translate (a bug, a closed client) would otherwise end the
             # reader unseen and leave the loop waiting out the busy timeout, losing the turn.

@@ -14,8 +14,9 @@ import asyncio
 import itertools
 import json
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
+from types import FrameType, SimpleNamespace, TracebackType
 
 import httpx
 import pytest
@@ -701,3 +702,33 @@ async def test_a_message_of_the_other_kind_never_joins_a_running_turn(tmp_path: 
         assert [bool(c) and c.startswith("[state]") for c in contexts] == [first == OWNER, second == OWNER]
     finally:
         await h.stop()
+
+
+async def test_a_busy_periods_end_leaves_no_cancelled_reader_in_a_cycle(harness: Harness, tg: FakeTelegram,
+                                                                         fake_eve: FakeEve):
+    """The period cancels its stream reader at its end; the reader ends quietly, so no
+    CancelledError whose traceback holds the reader's frames (httpx's response, its buffers) is
+    left for the garbage collector — a thousand busy chats ending made them most of its work
+    (docs/benchmarks.md §18). The collector keeps what it would free (DEBUG_SAVEALL) to look."""
+    import gc
+
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for n in range(3):
+            await tg.message(f"turn {n}", user_id=OWNER)
+            await harness.settled()
+        gc.collect()
+        readers = [e for e in gc.garbage if isinstance(e, asyncio.CancelledError) and e.__traceback__ is not None
+                   and any(f.f_code.co_name == "_reader" for f, _ in _frames(e.__traceback__))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert tg.texts(OWNER) == ["echo: turn 0", "echo: turn 1", "echo: turn 2"]
+    assert readers == []
+
+
+def _frames(tb: TracebackType | None) -> Iterator[tuple[FrameType, int]]:
+    while tb is not None:
+        yield tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next

@@ -1,0 +1,38 @@
+"""aiogram's answer models, kept for the bot's life (bridge/telegram/responses.py): aiogram parses
+each answer as ``Response[<the method's type>]``, which pydantic caches only weakly, so without
+a holder every full garbage collection frees it and the next call builds it again."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+from aiogram.methods import GetMe, Response
+
+from bridge.app import make_bot
+from bridge.config import Settings
+from tests.fakes.telegram import TOKEN, FakeTelegram
+from tests.harness import close_bot
+
+
+def _settings(tg: FakeTelegram) -> Settings:
+    return Settings.from_env({"IVA_TELEGRAM_TOKEN": TOKEN, "IVA_EVE_URL": "http://127.0.0.1:1",
+                              "IVA_OWNER_IDS": "1", "IVA_TELEGRAM_API_URL": tg.url})
+
+
+def _answer_model() -> weakref.ref[type]:
+    return weakref.ref(Response[GetMe.__returning__])  # type: ignore[name-defined]
+
+
+async def test_a_calls_answer_model_outlives_a_full_collection(tg: FakeTelegram):
+    unheld = _answer_model()
+    gc.collect()
+    assert unheld() is None  # pydantic alone lets it go (what the holder is for)
+    bot = make_bot(_settings(tg))
+    try:
+        await bot.get_me()
+        held = _answer_model()
+        gc.collect()
+        assert held() is not None
+    finally:
+        await close_bot(bot)
