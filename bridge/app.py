@@ -78,9 +78,9 @@ def settle_heap() -> int:
     """Start-up's objects (the modules, aiogram's pydantic models, the object graph) live as long
     as the process: moved out of the garbage collector's generations (``gc.freeze``), a full
     collection walks only what the chats made since — at 1 000 busy chats its pauses went from
-    ~340 to ~150 ms (docs/benchmarks.md, section 18). Garbage is collected first, so none is kept for
-    good. The objects frozen (the daemon logs it at ``bridge_ready``)."""
-    gc.collect()
+    ~340 to ~150 ms (docs/benchmarks.md, section 18). No collection first: it would cost ~0.2 s
+    of every start (and of recovery, which counts from the start) to free the few dozen objects
+    of start-up's garbage, which stay. The objects frozen (the daemon logs it at ``bridge_ready``)."""
     gc.freeze()
     return gc.get_freeze_count()
 
