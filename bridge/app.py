@@ -191,11 +191,11 @@ class Bridge:
             ingest, webhook, reminders = opened.ingest, opened.webhook, opened.reminders
             queue, store = state.queue, state.store
 
+            frozen = settle_heap()  # before any chat's own objects exist
             if state.quarantined is not None:
                 # R5: the owners hear it from the bot itself, in their private chats.
                 for owner in await services.people.owners():
                     self.spawn(sender.say(owner, None, t("state_quarantined", s.lang, path=str(state.quarantined))))
-            frozen = settle_heap()  # before the chats' own objects exist
             recovered = await scheduler.recover()
             self.spawn(self._commands(bot))
             self.spawn(self._learn_window(client, services.window, services))
