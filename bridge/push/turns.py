@@ -48,6 +48,11 @@ TOLD_CHARS = 1_000  # characters of each
 NOTIFY = "notify:"
 
 
+def notify_keys(address: str) -> str:
+    """What the outbox key of every notification to ``address`` begins with (W5)."""
+    return f"{NOTIFY}{address}:"
+
+
 def iso(at: float | None) -> str | None:
     """A UTC instant as ISO 8601 with its offset, to the second."""
     return None if at is None else datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
@@ -205,7 +210,7 @@ class Pushes:
         """W5: a message to the chat without the model, through the outbox, once per key: its id
         and whether it is new."""
         body, given = _text(text), _key(key)
-        outbox_key = f"{NOTIFY}{address}:{given if given is not None else uuid.uuid4().hex}"
+        outbox_key = notify_keys(address) + (given if given is not None else uuid.uuid4().hex)
         async with self.db.transaction():
             chat = await self._writable(address)
             created = await self.store.put_outgoing(address, outbox_key, chat.chat_id, chat.thread_id, body)
@@ -273,7 +278,7 @@ async def context(db: Database, address: str, items: Sequence[Queued], block: st
         parts.append(pushed_line(pushed))
     upto = None
     if not steer:
-        rows = await PushStore(db).sent_since_told(address, NOTIFY, TOLD_AT_MOST)
+        rows = await PushStore(db).sent_since_told(address, notify_keys(address), TOLD_AT_MOST)
         if rows:
             upto = int(rows[0]["id"])
             lines = [f"- at {iso(r['sent_at'])}: {_cap(r['text'])}" for r in reversed(rows)]

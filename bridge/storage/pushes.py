@@ -42,17 +42,17 @@ class PushStore:
         return None if row is None else int(row["id"])
 
     async def sent_since_told(self, address: str, prefix: str, limit: int) -> list[sqlite3.Row]:
-        """The newest ``limit`` sent outbox rows keyed ``prefix`` + ``address:`` + … after the
-        address's told mark, newest first.
+        """The newest ``limit`` sent outbox rows of the address keyed ``prefix…`` after its told
+        mark, newest first.
 
-        Asked before every turn (W5), so it reads only the chat's notifications: a range of the
-        ``key`` index (the ``+`` keeps SQLite off the ``(address, state, id)`` index, which would
-        walk every answer the chat was ever sent that retention kept)."""
-        low = f"{prefix}{address}:"
+        Asked before every turn (W5), so it reads a range of the ``key`` index, the keys that
+        begin with ``prefix`` (the ``+`` keeps SQLite off the ``(address, state, id)`` index,
+        which would walk every answer the chat was ever sent that retention kept)."""
+        after = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first string past every ``prefix…``
         return await self.db.fetchall(
             "SELECT id, text, sent_at FROM outbox WHERE key >= ? AND key < ? AND +address = ? AND +state = 'sent' "
             "AND +id > coalesce((SELECT upto FROM push_told WHERE address = ?), 0) ORDER BY id DESC LIMIT ?",
-            (low, low[:-1] + chr(ord(":") + 1), address, address, limit))
+            (prefix, after, address, address, limit))
 
     async def mark_told(self, address: str, upto: int) -> None:
         await self.db.execute("INSERT INTO push_told (address, upto) VALUES (?, ?) ON CONFLICT (address) DO UPDATE "

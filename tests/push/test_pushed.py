@@ -15,13 +15,14 @@ import pytest
 from bridge.app import notebook_config
 from bridge.chat.transitions import ChatState, state_of
 from bridge.notebook import Notebook
-from bridge.push.turns import PushError
+from bridge.push.turns import TOLD_AT_MOST, PushError, notify_keys
+from bridge.storage.pushes import PushStore
 from bridge.web.listener import Listener
 from bridge.web.owner_api import OwnerApi
 from bridge.web.push_api import PushApi
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
-from tests.harness import OWNER, Harness
+from tests.harness import OWNER, Harness, open_store
 
 A = str(OWNER)
 API_TOKEN = "owner-api-token-0123456789"
@@ -438,10 +439,6 @@ async def test_the_notifications_since_eve_was_told_are_read_without_walking_the
     """W5's read before every turn costs the same however many answers the chat was sent: it
     reads the chat's notifications (a range of the outbox's key index), not every sent row that
     retention kept (SQLite's virtual-machine steps, counted, for 50 and for 2 000 answers)."""
-    from bridge.push.turns import NOTIFY, TOLD_AT_MOST
-    from bridge.storage.pushes import PushStore
-    from tests.harness import open_store
-
     db, _, store = await open_store(tmp_path / "state.db")
     try:
         async def answers(first: int, n: int) -> None:
@@ -459,14 +456,14 @@ async def test_the_notifications_since_eve_was_told_are_read_without_walking_the
 
             db.conn.set_progress_handler(count, 10)
             try:
-                rows = await PushStore(db).sent_since_told(A, NOTIFY, TOLD_AT_MOST)
+                rows = await PushStore(db).sent_since_told(A, notify_keys(A), TOLD_AT_MOST)
             finally:
                 db.conn.set_progress_handler(None, 10)
             return counted[0], [r["text"] for r in rows]
 
         await answers(0, 25)
-        await store.put_outgoing(A, f"{NOTIFY}{A}:n1", OWNER, None, "build broke")
-        await store.put_outgoing("other", f"{NOTIFY}other:n1", OWNER, None, "not this chat's")
+        await store.put_outgoing(A, notify_keys(A) + "n1", OWNER, None, "build broke")
+        await store.put_outgoing("other", notify_keys("other") + "n1", OWNER, None, "not this chat's")
         await answers(25, 25)
         few, texts = await steps()
         assert texts == ["build broke"]
