@@ -7,6 +7,7 @@ import enum
 import logging
 import zlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
 
@@ -16,14 +17,22 @@ from ._errors import (
     EveError,
     EveProtocolError,
     EveTransportError,
+    StreamVersionChanged,
+    UnsupportedStream,
     map_response,
     map_transport,
 )
-from ._events import Event, MalformedLine, SessionCompleted, parse_event
-from ._models import Accepted, AgentInfo, Delivery, Health, ResetResult, StreamPage
+from ._model import Event, Position, SessionEnded
+from ._models import Accepted, AgentInfo, Answer, Delivery, Health, StreamPage
 from ._retry import RetryPolicy
+from ._wire import Malformed, Transport
+from ._wire26 import Reader26
+from ._wire27 import Reader27
 
-__all__ = ["ClientContext", "EveClient", "TurnPolicy", "file_part"]
+__all__ = ["START", "STREAM_VERSIONS", "ClientContext", "EveClient", "TurnPolicy", "file_part", "parse_lines"]
+
+STREAM_VERSIONS = (26, 27)  # what this client reads: eve 0.80.x (one deprecation window) and ≥ 0.84
+START = Position()
 
 log = logging.getLogger("eve_client")
 
@@ -50,6 +59,27 @@ POOLS = 16  # connection pools the sessions are spread over (by session id)
 DEFAULT_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=32)
 
 
+def parse_lines(lines: Sequence[str | bytes], *, version: int, session_id: str = "session",
+                first: int = 0) -> list[Event | Malformed]:
+    """The events of a stream's lines, read as eve ``version``'s wire from line ``first`` (what
+    :meth:`EveClient.stream` yields; transport records left out). For tests and tools."""
+    if version not in STREAM_VERSIONS:
+        raise UnsupportedStream(version)
+    reader: Reader26 | Reader27 = Reader27(session_id) if version >= 27 else Reader26()
+    out: list[Event | Malformed] = []
+    number = first
+    for line in lines:
+        parsed = reader.line(line.encode() if isinstance(line, str) else line, number)
+        if isinstance(parsed, Transport):
+            continue
+        if isinstance(parsed, Malformed):
+            out.append(parsed)
+            continue
+        number += 1
+        out.extend(parsed)
+    return out
+
+
 class _State(enum.Enum):
     UNOPENED = 1
     OPENED = 2
@@ -74,7 +104,7 @@ class EveClient:
         retry: RetryPolicy | None = None,
         stream_idle_timeout: float = DEFAULT_STREAM_IDLE,
         limits: httpx.Limits = DEFAULT_LIMITS,
-        on_malformed: Callable[[str, MalformedLine], None] | None = None,
+        on_malformed: Callable[[str, Malformed], None] | None = None,
     ) -> None:
         headers = {"accept": "application/json", "user-agent": "iva-eve-client/0.1"}
         if token:
@@ -98,6 +128,7 @@ class EveClient:
         self._stream_idle = stream_idle_timeout
         self._on_malformed = on_malformed
         self._state = _State.UNOPENED
+        self._version: int | None = None
 
     async def __aenter__(self) -> Self:
         if self._state is _State.OPENED:
@@ -172,7 +203,10 @@ class EveClient:
     async def info(self) -> AgentInfo:
         """``GET /eve/v1/info``: the agent, its model and the model's context window."""
         _, body = await self._call("GET", "/eve/v1/info", route="info")
-        return AgentInfo.from_json(body)
+        info = AgentInfo.from_json(body)
+        if self._version is None and (implied := info.stream_version) is not None:
+            self._learned(implied)
+        return info
 
     async def create_session(
         self, message: str | None = None, *, client_context: ClientContext | None = None
@@ -193,6 +227,21 @@ class EveClient:
             raise EveProtocolError("create: no sessionId in the answer", route="create")
         return session_id
 
+    @property
+    def stream_version(self) -> int | None:
+        """The stream version eve last spoke (a stream's header, or what ``/info`` implied);
+        None until then."""
+        return self._version
+
+    def _wire(self) -> int:
+        """The version requests are shaped for: the one eve spoke, else eve 1.x's (V3)."""
+        return self._version or STREAM_VERSIONS[-1]
+
+    def _learned(self, version: int) -> None:
+        if version != self._version:
+            log.info("eve_stream_version", extra={"version": version})
+            self._version = version
+
     async def send(
         self,
         session_id: str,
@@ -200,20 +249,22 @@ class EveClient:
         *,
         turn_policy: TurnPolicy | None = None,
         client_context: ClientContext | None = None,
-        extra: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> Delivery:
         """``POST /eve/v1/session/:id``: deliver a message (steer by default, as eve does).
 
         ``message`` is text, or a list of parts (``{"type": "text", "text"}`` and
         ``{"type": "file", "data": "data:<type>;base64,…", "mediaType", "filename"}``).
+        ``idempotency_key`` (eve 1.x): the same key again is the same delivery and no second
+        turn (V4); eve 0.80 has no such field and is not sent one (V3).
         """
         payload: dict[str, Any] = {"message": message if isinstance(message, str) else list(message)}
         if turn_policy is not None:
             payload["turnPolicy"] = turn_policy
         if client_context is not None:
             payload["clientContext"] = client_context
-        if extra:
-            payload.update(extra)
+        if idempotency_key is not None and self._wire() >= 27:
+            payload["idempotencyKey"] = idempotency_key[:256]
         _, body = await self._call(
             "POST", f"/eve/v1/session/{self._sid(session_id)}", route="send", json=payload,
             idempotent=False,
@@ -221,11 +272,16 @@ class EveClient:
         delivery = body.get("deliveryId")
         return Delivery(session_id=session_id, delivery_id=delivery if isinstance(delivery, str) else None)
 
-    async def respond(self, session_id: str, responses: Sequence[Mapping[str, Any]]) -> Delivery:
-        """Answer pending input requests: ``[{"requestId", "optionId"?, "text"?}]``."""
+    async def respond(self, session_id: str, answers: Sequence[Answer]) -> Delivery:
+        """Answer what the turn waits on (a question, an approval, a budget prompt): eve 1.x's
+        ``answers: [{interactionId, optionId | text}]``, or 0.80's ``inputResponses``."""
+        v27 = self._wire() >= 27
+        key = "interactionId" if v27 else "requestId"
+        items = [{key: a.question_id, **({"optionId": a.option_id} if a.option_id is not None else {}),
+                  **({"text": a.text} if a.text is not None else {})} for a in answers]
         _, body = await self._call(
             "POST", f"/eve/v1/session/{self._sid(session_id)}", route="respond",
-            json={"inputResponses": [dict(r) for r in responses]}, idempotent=False,
+            json={"answers" if v27 else "inputResponses": items}, idempotent=False,
         )
         delivery = body.get("deliveryId")
         return Delivery(session_id=session_id, delivery_id=delivery if isinstance(delivery, str) else None)
@@ -237,112 +293,161 @@ class EveClient:
         )
         return body
 
+    @staticmethod
+    def _accepted(body: Mapping[str, Any]) -> Accepted:
+        """0.80 says ``status``; 1.x answers 202 with a receipt (``deliveryId``) instead."""
+        status = body.get("status")
+        if isinstance(status, str) and status:
+            return Accepted(status=status)
+        delivery = body.get("deliveryId")
+        return Accepted(status="accepted", delivery_id=delivery if isinstance(delivery, str) else None)
+
     async def cancel(self, session_id: str, *, turn_id: str | None = None) -> Accepted:
-        """``POST …/cancel``: cancel the running turn or compaction."""
+        """``POST …/cancel``: cancel the running turn (by the ``turnId`` seen on the stream)."""
         body = await self._action(session_id, "cancel", {"turnId": turn_id} if turn_id else {}, idempotent=True)
-        return Accepted(status=str(body.get("status", "")))
+        return self._accepted(body)
 
     async def compact(self, session_id: str) -> Accepted:
         """``POST …/compact``: eve answers 202 before the summary runs (PROTOCOL.md §5)."""
         body = await self._action(session_id, "compact", {}, idempotent=False)
-        return Accepted(status=str(body.get("status", "")))
+        return self._accepted(body)
 
     async def clear(self, session_id: str) -> Accepted:
         """``POST …/clear``: drop the history, keep the session."""
         body = await self._action(session_id, "clear", {}, idempotent=False)
-        return Accepted(status=str(body.get("status", "")))
+        return self._accepted(body)
 
-    async def reset(self, session_id: str, *, reason: str | None = None) -> ResetResult:
-        """``POST …/reset``: retire the session; later sends get ``session_not_active``."""
-        body = await self._action(session_id, "reset", {"reason": reason} if reason else {}, idempotent=True)
-        previous = body.get("previousSessionId")
-        return ResetResult(status=str(body.get("status", "")), previous_session_id=previous if isinstance(previous, str) else None)
+    async def end(self, session_id: str, *, reason: str | None = None) -> Accepted:
+        """Retire the session: ``POST …/end`` on eve 1.x (its history is deleted: read what you
+        need first), ``…/reset`` on 0.80. Later sends get ``session_not_active``."""
+        route = "end" if self._wire() >= 27 else "reset"
+        body = await self._action(session_id, route, {"reason": reason} if reason else {}, idempotent=True)
+        return self._accepted(body)
 
     # -- the stream -------------------------------------------------------------------------
 
-    def _params(self, start_index: int, follow: bool) -> dict[str, str]:
-        params = {"startIndex": str(start_index), "includeTailIndex": "1"}
+    def _params(self, start_line: int, follow: bool) -> dict[str, str]:
+        params = {"startIndex": str(start_line), "includeTailIndex": "1"}
         if not follow:
             params["follow"] = "false"
         return params
 
-    async def read(self, session_id: str, start_index: int = 0) -> StreamPage:
-        """Read the stream from ``start_index`` to its current tail (``follow=false``)."""
+    async def read(self, session_id: str, cursor: Position = START) -> StreamPage:
+        """Read the stream from ``cursor`` to its current tail (``follow=false``)."""
         events: list[Event] = []
         tail: int | None = None
+        version = 0
         async for attempt in self._retry.retrying(idempotent=True):
             with attempt:
                 events.clear()
-                async with self._open(session_id, start_index, follow=False, idle=None) as (first, lines, tail):
-                    async for item in self._parse(session_id, first, lines):
-                        events.append(item)
-        return StreamPage(events=tuple(events), tail_index=tail)
+                async with self._open(session_id, cursor, follow=False, idle=None) as opened:
+                    tail, version = opened.tail, opened.version
+                    async for item in self._records(session_id, opened, self._reader(session_id, opened.version)):
+                        if isinstance(item, Transport):
+                            if item.kind == "stream.ended":
+                                break
+                            continue
+                        if item.position >= cursor:
+                            events.append(item)
+        return StreamPage(events=tuple(events), tail_index=tail, version=version)
 
-    async def stream(self, session_id: str, start_index: int = 0) -> AsyncIterator[Event]:
-        """Follow the stream from absolute ``start_index``; a dropped connection resumes.
+    async def stream(self, session_id: str, cursor: Position = START) -> AsyncIterator[Event]:
+        """Follow the stream from ``cursor``; a dropped connection, or eve's lease end, resumes.
 
-        Ends after ``session.completed`` (the session was retired). A dropped or silent
-        connection is reopened from the cursor; after ``attempts`` failures in a row without
-        progress the transport error is raised, and the caller resumes later from its cursor.
+        Ends after the session ended (``stream.ended``, or its last event on version 26). A
+        dropped or silent connection is reopened from the cursor; after ``attempts`` failures in
+        a row without progress the transport error is raised, and the caller resumes later from
+        its cursor. A lease end or a heartbeat is no failure (V2).
         """
-        cursor = start_index
         failures = 0
+        reader: Reader26 | Reader27 | None = None
         while True:
-            progressed = False
+            progressed = leased = False
             try:
-                async with self._open(session_id, cursor, follow=True, idle=self._stream_idle) as (
-                    first, lines, _tail,
-                ):
-                    async for event in self._parse(session_id, first, lines):
-                        cursor = event.index + 1
+                async with self._open(session_id, cursor, follow=True, idle=self._stream_idle) as opened:
+                    if reader is None or reader.version != opened.version:
+                        reader = self._reader(session_id, opened.version)
+                    async for item in self._records(session_id, opened, reader):
+                        if isinstance(item, Transport):
+                            if item.kind == "stream.ended":
+                                return
+                            leased = leased or item.kind == "stream.lease-ended"
+                            continue
+                        if item.position < cursor:
+                            continue  # the rest of a line read before
+                        cursor = item.after
                         progressed = True
-                        yield event
-                        if isinstance(event, SessionCompleted):
+                        yield item
+                        if isinstance(item, SessionEnded) and opened.version < 27:
                             return
                 failure: EveError | None = None
             except EveTransportError as exc:
                 failure = exc
+            if failure is None and (leased or progressed):
+                failures = 0
+                log.debug("eve_stream_resumed", extra={"session_id": session_id, "cursor": str(cursor)})
+                continue
             failures = 1 if progressed else failures + 1
             if failure is not None and failures >= self._retry.attempts:
                 raise failure
-            log.info("eve_stream_reconnect", extra={"session_id": session_id, "cursor": cursor})
+            log.info("eve_stream_reconnect", extra={"session_id": session_id, "cursor": str(cursor)})
             await asyncio.sleep(self._retry.backoff(failures))
 
-    def _open(self, session_id: str, start_index: int, *, follow: bool, idle: float | None) -> _StreamContext:
-        return _StreamContext(self, session_id, start_index, follow, idle)
+    def _reader(self, session_id: str, version: int) -> Reader26 | Reader27:
+        return Reader27(session_id) if version >= 27 else Reader26()
 
-    async def _parse(
-        self, session_id: str, first: int, lines: AsyncIterator[bytes]
-    ) -> AsyncIterator[Event]:
-        index = first
-        async for line in lines:
+    def _open(self, session_id: str, cursor: Position, *, follow: bool, idle: float | None) -> _StreamContext:
+        return _StreamContext(self, session_id, cursor, follow, idle)
+
+    async def _records(
+        self, session_id: str, opened: _Opened, reader: Reader26 | Reader27
+    ) -> AsyncIterator[Event | Transport]:
+        number = opened.first
+        async for line in opened.lines:
             if not line.strip():
                 continue
-            item = parse_event(line, index)
-            if isinstance(item, MalformedLine):
-                # Not counted as an index: if it was one, the cursor lags and a resume reads one
-                # event again (harmless, events have stable ids); counting it could skip one.
-                log.warning("eve_stream_malformed_line", extra={"session_id": session_id, "index": item.index, "error": item.error})
-                if self._on_malformed is not None:
-                    self._on_malformed(session_id, item)
+            parsed = reader.line(line, number)
+            if isinstance(parsed, Transport):
+                if parsed.kind == "position" and parsed.next is not None:
+                    number = parsed.next
+                yield parsed
                 continue
-            index += 1
-            yield item
+            if isinstance(parsed, Malformed):
+                # Not counted as a line: if it was one, the cursor lags and a resume reads it
+                # again (harmless: positions and keys are stable); counting it could skip one.
+                log.warning("eve_stream_malformed_line", extra={"session_id": session_id, "line": parsed.number,
+                                                                "error": parsed.error})
+                if self._on_malformed is not None:
+                    self._on_malformed(session_id, parsed)
+                continue
+            number += 1
+            for event in parsed:
+                yield event
+
+
+@dataclass(frozen=True, slots=True)
+class _Opened:
+    first: int
+    lines: AsyncIterator[bytes]
+    tail: int | None
+    version: int
 
 
 class _StreamContext:
-    """Opens one stream response; yields (index of first line, complete lines, tail index)."""
+    """Opens one stream response: the first line's number, its complete lines, the tail, the
+    version (refused unless this client reads it, V1; refused when the cursor was read on
+    another version, V2)."""
 
-    def __init__(self, client: EveClient, session_id: str, start: int, follow: bool, idle: float | None):
+    def __init__(self, client: EveClient, session_id: str, cursor: Position, follow: bool, idle: float | None):
         self._client = client
         self._session_id = session_id
         self._path = f"/eve/v1/session/{client._sid(session_id)}/stream"
-        self._params = client._params(start, follow)
-        self._start = start
+        self._params = client._params(cursor.line, follow)
+        self._cursor = cursor
         self._idle = idle
         self._cm: Any = None
 
-    async def __aenter__(self) -> tuple[int, AsyncIterator[bytes], int | None]:
+    async def __aenter__(self) -> _Opened:
         http = self._client._pool(self._session_id)
         timeout = httpx.Timeout(http.timeout.connect or 5.0, read=self._idle, connect=http.timeout.connect)
         # A stream is read as it comes: ask for no compression (a compressing proxy would hold
@@ -358,15 +463,27 @@ class _StreamContext:
             await response.aread()
             await response.aclose()
             raise map_response(response, "stream")
+        named = response.headers.get("x-eve-stream-version", "")
+        version = int(named) if named.isdigit() else 26  # 0.80 names 26; an eve before it named nothing
+        if version not in STREAM_VERSIONS:
+            await response.aclose()
+            raise UnsupportedStream(version, route="stream")
+        self._client._learned(version)
+        if self._cursor.version and self._cursor.version != version:
+            await response.aclose()
+            raise StreamVersionChanged(
+                f"stream: the cursor {self._cursor} was read on stream version {self._cursor.version}, eve now "
+                f"speaks {version} (an upgrade: the session cannot go on)", route="stream", status=409,
+                code="stream_version_changed")
         tail_header = response.headers.get("x-eve-stream-tail-index")
         tail = int(tail_header) if tail_header and tail_header.lstrip("-").isdigit() else None
-        first = self._start
+        first = self._cursor.line
         if first < 0:
             if tail is None:
                 await response.aclose()
                 raise EveProtocolError("stream: a negative startIndex needs the tail index header", route="stream")
             first = max(0, tail + 1 + first)
-        return first, self._lines(response), tail
+        return _Opened(first, self._lines(response), tail, version)
 
     async def _lines(self, response: httpx.Response) -> AsyncIterator[bytes]:
         """Complete, newline-terminated lines only; a line cut by a dropped connection is not one."""
@@ -386,5 +503,3 @@ class _StreamContext:
     async def __aexit__(self, *exc: object) -> None:
         if self._cm is not None:
             await self._cm.aclose()
-
-

@@ -38,6 +38,8 @@ __all__ = [
     "SessionNotFound",
     "SessionNotReady",
     "SessionStranded",
+    "StreamVersionChanged",
+    "UnsupportedStream",
 ]
 
 
@@ -162,3 +164,18 @@ def map_transport(exc: httpx.HTTPError, route: str) -> EveError:
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         return EveConnectError(message, route=route)
     return EveTransportError(message, route=route)
+
+
+class UnsupportedStream(EveError):
+    """eve speaks a stream version this Iva cannot read (V1): one clear error, never a loop of
+    malformed lines. Upgrade Iva (or run an eve it reads)."""
+
+    def __init__(self, version: int, *, route: str = "stream") -> None:
+        self.version = version
+        super().__init__(f"eve speaks stream version {version}; this Iva reads versions 26 (eve 0.80.x) and 27 "
+                         "(eve 0.84 and 1.x): upgrade Iva", route=route)
+
+
+class StreamVersionChanged(SessionGone):
+    """The cursor was read on another stream version than eve speaks now: eve was upgraded
+    under the session (a 0.80 session on eve 1.x is stranded anyway, PROTOCOL-27.md §11)."""

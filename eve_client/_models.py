@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._events import Event
+from ._model import Event
 
-__all__ = ["Accepted", "AgentInfo", "Delivery", "Health", "ResetResult", "StreamPage"]
+__all__ = ["Accepted", "AgentInfo", "Answer", "Delivery", "Health", "StreamPage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,22 @@ class AgentInfo:
     model_id: str | None
     context_window_tokens: int | None
     raw: Mapping[str, Any] = field(repr=False)
+    eve_version: str | None = None
+
+    @property
+    def stream_version(self) -> int | None:
+        """The stream version eve's own version implies (0.84 began version 27); None when eve
+        did not say or is past what this client knows (a 2.x: its stream's header decides)."""
+        if self.eve_version is None:
+            return None
+        parts = self.eve_version.split(".")
+        try:
+            major, minor = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+        except ValueError:
+            return None
+        if major == 0:
+            return 26 if minor < 84 else 27
+        return 27 if major == 1 else None
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> AgentInfo:
@@ -39,7 +55,19 @@ class AgentInfo:
             context_window_tokens=int(window) if isinstance(window, int | float) and not isinstance(window, bool)
             and math.isfinite(window) and window >= 1 else None,
             raw=raw,
+            eve_version=_eve_version(raw),
         )
+
+
+def _eve_version(raw: Mapping[str, Any]) -> str | None:
+    """eve's version where ``/info`` names it (at the top, or under runtime, agent or build)."""
+    for holder in (raw, *(raw.get(k) for k in ("runtime", "agent", "build", "eve"))):
+        if isinstance(holder, Mapping):
+            for key in ("eveVersion", "version"):
+                value = holder.get(key)
+                if isinstance(value, str) and value[:1].isdigit() and "." in value:
+                    return value
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +80,11 @@ class Delivery:
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
-    """The answer of cancel/compact/clear: ``accepted``, ``no_active_turn``, ``no_active_session``."""
+    """The answer of cancel/compact/clear/end: ``accepted`` (with eve 1.x's receipt), or 0.80's
+    ``no_active_turn``, ``no_active_session``."""
 
     status: str
+    delivery_id: str | None = None
 
     @property
     def accepted(self) -> bool:
@@ -62,9 +92,12 @@ class Accepted:
 
 
 @dataclass(frozen=True, slots=True)
-class ResetResult:
-    status: str
-    previous_session_id: str | None
+class Answer:
+    """A person's answer to what a turn waits on: an option, or free text."""
+
+    question_id: str
+    option_id: str | None = None
+    text: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +106,7 @@ class StreamPage:
 
     events: tuple[Event, ...]
     tail_index: int | None
+    version: int = 0
 
     @property
     def next_index(self) -> int | None:

@@ -25,10 +25,15 @@ __all__ = ["drive", "released_announced", "resume"]
 logger = log.get("bridge.chat.recovery")
 
 
+def _compaction_began(event: eve.Event) -> bool:
+    """eve began a compaction between turns (not its own safety net inside one)."""
+    return isinstance(event, eve.ContextStarted) and event.kind == "compaction" and not event.in_turn
+
+
 async def resume(s: Services, inbox: Inbox, chat: Chat) -> None:
     """Take a busy record from where it stands."""
     logger.info("busy_record_resumed", kind=chat.kind, origin=chat.origin, session=chat.eve_session,
-                cursor=chat.cursor, phase=chat.compact_phase)
+                cursor=str(chat.cursor), phase=chat.compact_phase)
     assert chat.claim is not None
     if chat.kind is Kind.COMPACT:
         await _resume_compaction(s, inbox, chat)
@@ -45,7 +50,7 @@ async def resume(s: Services, inbox: Inbox, chat: Chat) -> None:
         except eve.SessionGone as exc:
             await end(s, chat.address, chat.claim, SessionLost(str(exc)))
             return
-        if not any(isinstance(e, eve.TurnStarted | eve.MessageReceived) for e in page.events):
+        if not any(isinstance(e, eve.TurnBegan | eve.InputTaken) for e in page.events):
             # Claimed and marked busy, but the send never reached eve: send it now — unless eve
             # has answered these messages with a server error as often as we try (F6): then
             # the person is told and the chat moves on, instead of one message blocking it.
@@ -66,10 +71,9 @@ async def resume(s: Services, inbox: Inbox, chat: Chat) -> None:
                 await end(s, chat.address, chat.claim, Refused(t("eve_server_error", chat.lang), dead=dead))
                 return
             events = page.events
-            if events and (not isinstance(events[-1], eve.SessionWaiting)
-                           or any(isinstance(e, eve.CompactionRequested) for e in events)):
+            if events and (not isinstance(events[-1], eve.Idle) or any(_compaction_began(e) for e in events)):
                 # eve is running something, or just ran a compaction: a message it took meanwhile
-                # waits behind it and starts right after its session.waiting (PROTOCOL.md §5).
+                # waits behind it and starts right after eve is idle (PROTOCOL.md §5).
                 # Follow the stream: the turn is ours when it comes; idle without it, sent again.
                 logger.info("unrecorded_send_followed", events=len(events))
                 await BusyPeriod(s, inbox, chat).run()
@@ -92,7 +96,7 @@ async def released_announced(s: Services, chat: Chat) -> bool:
         page = await s.eve.read(chat.eve_session, chat.cursor)
     except eve.EveError:
         return False  # the turn's own read decides, as before
-    if not any(isinstance(e, eve.CompactionRequested) for e in page.events):
+    if not any(_compaction_began(e) for e in page.events):
         return False
     taken = await s.transitions.recapture(chat.address) is not None
     if taken:
@@ -161,7 +165,7 @@ async def _resume_compaction(s: Services, inbox: Inbox, chat: Chat) -> None:
     except eve.SessionGone as exc:
         await end(s, chat.address, chat.claim, SessionLost(str(exc)))
         return
-    if any(isinstance(e, eve.CompactionRequested) for e in page.events):
+    if any(_compaction_began(e) for e in page.events):
         await BusyPeriod(s, inbox, chat).run()
         return
     # Requested, but eve never began it (and the answer was lost with the process): free the

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from diskqueue import DiskQueue, Message, State
+from eve_client import START, Position
 
 from .. import log
 from ..clock import CLOCK, Clock
@@ -81,7 +82,7 @@ class Superseded(IllegalTransition):
 # A new eve session starts with nothing measured and nothing disabled: the one definition.
 FRESH_SESSION: Mapping[str, Any] = {
     "eve_session": None,
-    "cursor": 0,
+    "cursor": START,
     "measurement": None,
     "compaction_disabled": False,
     "after_pending": False,
@@ -316,7 +317,7 @@ class Transitions:
                 **_IDLE, **(_fresh(chat) if session is None else {}), **fields,
                 "status": ChatStatus.BUSY, "kind": Kind.TURN, "claim": claim, "busy_since": now,
                 "progress_at": now, "reset_mark": False, "eve_session": session,
-                "cursor": chat.cursor if session else 0,
+                "cursor": chat.cursor if session else START,
             })
             return Claim(claim=claim, session=session, messages=messages)
 
@@ -328,7 +329,7 @@ class Transitions:
             chat = await self._owned(address, claim, ChatState.TURN)
             if chat.eve_session is not None:
                 raise IllegalTransition(f"{address} has a session already")
-            await self._write(address, eve_session=session, cursor=0)
+            await self._write(address, eve_session=session, cursor=START)
 
     async def session_dropped(self, address: str, claim: str) -> None:
         """eve no longer knows the session: the turn goes on in a new one (all fresh)."""
@@ -349,7 +350,7 @@ class Transitions:
                 await self.queue.reassign(steered, claim=steer_claim, to=claim)
             await self._write(address, deliveries=known, progress_at=self.clock(), **(marks or {}))
 
-    async def advance(self, address: str, claim: str, cursor: int) -> None:
+    async def advance(self, address: str, claim: str, cursor: Position) -> None:
         """The consumer applied eve's events up to ``cursor`` (effects in the caller's transaction).
         The hot path of every reply: one guarded statement; the record is read only to say why
         it did not apply."""
@@ -359,7 +360,7 @@ class Transitions:
                 await self._owned(address, claim, ChatState.TURN, ChatState.COMPACTING)
                 raise IllegalTransition(f"{address}: advance did not apply")
 
-    async def waiting_on_person(self, address: str, claim: str, *, waiting: bool, cursor: int | None = None) -> None:
+    async def waiting_on_person(self, address: str, claim: str, *, waiting: bool, cursor: Position | None = None) -> None:
         """T5: the turn waits on the person's answer (or no longer does)."""
         async with self.store.db.transaction():
             await self._owned(address, claim, ChatState.TURN)
@@ -368,7 +369,7 @@ class Transitions:
                 fields.update(cursor=cursor, progress_at=self.clock())
             await self._write(address, fields)
 
-    async def in_turn_compacted(self, address: str, claim: str, cursor: int) -> None:
+    async def in_turn_compacted(self, address: str, claim: str, cursor: Position) -> None:
         """eve compacted inside the turn: a compaction all the same (the N6 nudge counts it)."""
         async with self.store.db.transaction():
             chat = await self._owned(address, claim, ChatState.TURN)
@@ -426,7 +427,7 @@ class Transitions:
 
     # -- the ways out of a turn --------------------------------------------------------------
 
-    async def park(self, address: str, claim: str, *, cursor: int, measurement: int | None, threshold: int,
+    async def park(self, address: str, claim: str, *, cursor: Position, measurement: int | None, threshold: int,
                    may_compact: bool, announced: bool = False, first: int | None = None) -> Parked:
         """busy(turn) → idle, or straight into busy(compacting, auto) in the same commit (C1, C2);
         → released when a compaction released before this turn is still outstanding at eve and
@@ -527,7 +528,7 @@ class Transitions:
             await self._owned(address, claim, ChatState.COMPACTING)
             await self._write(address, compact_phase=CompactPhase.ACCEPTED)
 
-    async def release(self, address: str, claim: str, cursor: int) -> None:
+    async def release(self, address: str, claim: str, cursor: Position) -> None:
         """busy(compacting) → released: eve did not accept within the ack window (C6)."""
         async with self.store.db.transaction():
             chat = await self._owned(address, claim, ChatState.COMPACTING)
@@ -598,7 +599,7 @@ class Transitions:
             address, {"status": ChatStatus.BUSY, "kind": Kind.COMPACT, "compact_notified": False},
             compact_notified=True))
 
-    async def finish_compaction(self, address: str, claim: str | None, *, cursor: int, ok: bool) -> Finished:
+    async def finish_compaction(self, address: str, claim: str | None, *, cursor: Position, ok: bool) -> Finished:
         """busy(compacting) or released → idle (C7): completed, cancelled (C4) or failed."""
         async with self.store.db.transaction():
             chat = await self._owned(address, claim, ChatState.COMPACTING, ChatState.RELEASED)

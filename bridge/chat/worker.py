@@ -219,7 +219,7 @@ class ChatWorker:
         if chat.eve_session and not chat.reset_mark:
             try:
                 async with asyncio.timeout(RESET_TIMEOUT):
-                    await s.eve.reset(chat.eve_session, reason="/new")
+                    await s.eve.end(chat.eve_session, reason="/new")
             except (eve.EveError, TimeoutError) as exc:
                 # A stuck session cannot be reset (PROTOCOL.md §9); we leave it behind.
                 logger.warning("eve_reset_failed", error=str(exc))

@@ -121,30 +121,28 @@ class Rebuilder:
         try:
             async with asyncio.timeout(REBUILD_TIMEOUT):
                 ended = False
-                async for event in self.eve.stream(session, 0):
+                async for event in self.eve.stream(session):
                     match event:
-                        case eve.MessageCompleted() if event.message.strip():
-                            text = event.message
-                        case eve.StepCompleted() if event.usage is not None:
+                        case eve.TextDone(phase=eve.Phase.REPLY) if event.text.strip():
+                            text = event.text
+                        case eve.UsageRecorded():
                             calls += 1
                             tokens_in += event.usage.input_tokens or 0
                             tokens_out += event.usage.output_tokens or 0
                             cached += event.usage.cache_read_tokens or 0
                     tools = tool_call(event)
                     if tools is not None:
-                        raise ToolUsed(event.type, tools)
-                    if event.terminal:
+                        raise ToolUsed(event.what, tools)
+                    if isinstance(event, eve.TurnEnded):
                         ended = True
-                    if isinstance(event, eve.SessionWaiting) and ended:
-                        break
-                    if isinstance(event, eve.SessionCompleted | eve.SessionFailed):
+                    if (isinstance(event, eve.Idle) and ended) or isinstance(event, eve.SessionEnded):
                         break
         finally:
             async with self.store.db.transaction():
                 await self.store.add_spend(address, "notes", calls=calls, input_tokens=tokens_in,
                                            output_tokens=tokens_out, cache_read_tokens=cached)
             try:
-                await self.eve.reset(session, reason="notebook rebuild done")
+                await self.eve.end(session, reason="notebook rebuild done")
             except eve.EveError as exc:
                 logger.info("notes_rebuild_reset_failed", error=str(exc))
         return text
@@ -179,17 +177,12 @@ class ToolUsed(BridgeError):
 def tool_call(event: eve.Event) -> list[str] | None:
     """The tools an event shows being called or asked for (names, possibly empty), or None when it
     shows no tool call."""
-    data = event.data
-    if isinstance(event, eve.ActionsRequested):
-        actions = data.get("actions")
-        return [str(a.get("toolName") or "") for a in actions if isinstance(a, dict)] if isinstance(actions, list) else []
-    if isinstance(event, eve.ActionResult):
-        result = data.get("result")
-        return [str(result.get("toolName") or "")] if isinstance(result, dict) else []
-    if event.type.startswith("action"):  # action.input.appended and whatever else eve adds
-        return [str(data.get("toolName") or "")]
-    if isinstance(event, eve.InputRequested):  # a tool approval or a question: nobody answers here
-        return [r.kind for r in event.requests]
-    if isinstance(event, eve.StepCompleted) and event.finish_reason == "tool-calls":
+    if isinstance(event, eve.ToolCalled):
+        return list(event.names)
+    if isinstance(event, eve.ToolSettled):
+        return [event.name or ""]
+    if isinstance(event, eve.QuestionOpened):  # a tool approval or a question: nobody answers here
+        return [q.kind for q in event.questions]
+    if isinstance(event, eve.RunEnded) and event.finish_reason == "tool-calls":
         return []  # eve refused the call (no such tool) but the model made one
     return None

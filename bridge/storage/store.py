@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from diskqueue import Database, Message
+from eve_client import Position
 
 from ..errors import BridgeError
 from .payloads import Kind, Origin
@@ -27,7 +28,7 @@ __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase",
            "Outgoing", "SchemaMismatch", "SchemaTooNew", "Store", "clear_dead", "mint_pairing_code", "owners_of",
            "people_meta", "read_status"]
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -262,6 +263,14 @@ _MIGRATIONS: dict[int, str] = {
         changes     TEXT NOT NULL DEFAULT '[]'
     )
     """,
+    # V2: eve 1.x's positions are (line, index of the fact in its line); the cursor remembers the
+    # stream version it was read on (a 0.80 cursor is never applied to a 1.x stream). Every cursor
+    # written so far was read on version 26.
+    13: """
+    ALTER TABLE chats ADD COLUMN cursor_fact INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE chats ADD COLUMN stream_version INTEGER NOT NULL DEFAULT 0;
+    UPDATE chats SET stream_version = 26 WHERE cursor > 0
+    """,
 }
 
 
@@ -296,7 +305,7 @@ class Chat:
     status: ChatStatus
     kind: Kind | None
     origin: Origin | None
-    cursor: int
+    cursor: Position
     claim: str | None
     deliveries: tuple[str, ...]
     busy_since: float | None
@@ -345,6 +354,7 @@ class Chat:
             if values[name] is not None:
                 values[name] = kind(values[name])
         values["deliveries"] = tuple(json.loads(values["deliveries"]))
+        values["cursor"] = Position(row["cursor"], row["cursor_fact"], row["stream_version"])
         return cls(**values)
 
 
@@ -393,7 +403,8 @@ class Outgoing:
 
 _CHAT_COLUMNS = frozenset(
     {
-        "lang", "eve_session", "status", "kind", "origin", "cursor", "claim", "deliveries",
+        "lang", "eve_session", "status", "kind", "origin", "cursor", "cursor_fact", "stream_version", "claim",
+        "deliveries",
         "busy_since", "progress_at", "measurement", "measured_at", "compaction_disabled",
         "reset_mark", "reset_requested", "reset_reply_to", "reset_dropped", "blocked",
         "blocked_reason", "turns", "chat_id", "thread_id", "compact_notified", "compact_before",
@@ -477,6 +488,11 @@ class Store:
         unknown = (set(fields) | set(guard)) - _CHAT_COLUMNS
         if unknown:
             raise ValueError(f"not chat columns: {sorted(unknown)}")
+        if isinstance(cursor := fields.pop("cursor", None), Position):
+            # the position's three columns move together (V2)
+            fields.update(cursor=cursor.line, cursor_fact=cursor.index, stream_version=cursor.version)
+        elif cursor is not None:
+            raise TypeError(f"a cursor is a Position, not {cursor!r}")
         values = [self._encode(k, v) for k, v in fields.items()]
         assignments = ", ".join(f"{k} = ?" for k in fields)
         conditions = "".join(f" AND {k} IS NULL" if v is None else f" AND {k} = ?" for k, v in guard.items())

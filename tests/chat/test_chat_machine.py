@@ -565,8 +565,9 @@ async def test_a_message_failing_while_eve_is_down_waits_for_eve(tmp_path: Path,
 async def test_an_event_a_handler_cannot_take_is_skipped_not_replayed_forever(harness: Harness, tg: FakeTelegram,
                                                                               fake_eve: FakeEve):
     """F6: a step.completed whose usage says NaN made the handler raise; the worker replayed it
-    from the cursor forever and the chat stayed busy. It is logged and skipped: the reply goes
-    once, the chat is free, and the next turn runs."""
+    from the cursor forever and the chat stayed busy. The reader now takes NaN as no figure
+    (nothing for a handler to raise on, nothing skipped): the reply goes once, the chat is free
+    with no measurement, and the next turn runs."""
     fake_eve.tamper = {"step.completed": {"usage": {"inputTokens": float("nan"), "outputTokens": 1}}}
     def skipped() -> float:
         return METRICS.registry.get_sample_value("iva_eve_errors_total", {"kind": "event"}) or 0.0
@@ -575,8 +576,9 @@ async def test_an_event_a_handler_cannot_take_is_skipped_not_replayed_forever(ha
     await tg.message("hello", user_id=OWNER)
     await harness.settled()
     assert tg.texts() == ["echo: hello"]
-    assert state_of(await harness.chat()) is ChatState.IDLE
-    assert skipped() - before == 1
+    chat = await harness.chat()
+    assert state_of(chat) is ChatState.IDLE and chat is not None and chat.measurement is None
+    assert skipped() - before == 0
     await tg.message("again", user_id=OWNER)
     await harness.settled()
     assert tg.texts() == ["echo: hello", "echo: again"]

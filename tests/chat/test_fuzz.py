@@ -24,24 +24,37 @@ json_values = st.recursive(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.binary(max_size=200), st.text(max_size=200)))
-def test_any_stream_line_parses_or_is_reported(line):
-    result = eve.parse_event(line, 5)
-    assert isinstance(result, eve.Event | eve.MalformedLine)
+@given(st.one_of(st.binary(max_size=200), st.text(max_size=200)), st.sampled_from(eve.STREAM_VERSIONS))
+def test_any_stream_line_parses_or_is_reported(line, version):
+    for result in eve.parse_lines([line], version=version, first=5):
+        assert isinstance(result, eve.Event | eve.Malformed)
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(["turn.completed", "message.completed", "step.completed", "input.requested",
                         "compaction.requested", "session.waiting", "new.thing"]),
        json_values, json_values)
-def test_event_views_never_raise_on_odd_data(type_, data, meta_extra):
+def test_v26_events_never_raise_on_odd_data(type_, data, meta_extra):
     raw = {"type": type_, "data": data if isinstance(data, dict) else {"x": data},
            "meta": {"id": "evt_1", "deliveryIds": meta_extra if isinstance(meta_extra, list) else []}}
-    event = eve.parse_event(json.dumps(raw), 0)
-    assert isinstance(event, eve.Event)
-    for name in ("message", "finish_reason", "usage", "requests", "usage_input_tokens", "request_ids", "turn_id"):
-        getattr(event, name, None)
-    assert event.terminal is (type_ == "turn.completed")
+    events = eve.parse_lines([json.dumps(raw)], version=26)
+    assert all(isinstance(e, eve.Event) for e in events)
+    assert any(isinstance(e, eve.TurnEnded) for e in events) is (type_ == "turn.completed")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["turn.started", "turn.settled", "content.delta", "content.completed",
+                                 "usage.recorded", "interaction.opened", "context.started", "context.settled",
+                                 "call.requested", "delivery.consumed", "delivery.settled", "new.thing"]),
+                min_size=1, max_size=4),
+       json_values, json_values, st.booleans())
+def test_v27_facts_never_raise_on_odd_data(types, data, scope, progress):
+    facts = [{"type": t, "data": data if isinstance(data, dict) else {"x": data},
+              "scope": scope} for t in types]
+    raw = {"progress": facts[0]} if progress else {"at": "x", "facts": facts}
+    events = eve.parse_lines([json.dumps(raw)], version=27, first=3)
+    assert all(isinstance(e, eve.Event) and e.position.line == 3 for e in events)
+    assert [e.position for e in events] == sorted({e.position for e in events})
 
 
 entity = st.fixed_dictionaries({

@@ -21,30 +21,37 @@ def _line(type_: str, n: int, **data) -> str:
     return json.dumps({"type": type_, "data": data, "meta": {"id": f"evt_{n}", "deliveryIds": ["d1"]}})
 
 
-def test_parse_event_is_typed_with_index_and_meta():
-    """Events are frozen, typed, and carry their absolute index, meta.id and delivery ids."""
-    event = eve.parse_event(_line("step.completed", 7, usage={"inputTokens": 120000, "outputTokens": 5}), 41)
-    assert isinstance(event, eve.StepCompleted)
-    assert (event.index, event.id, event.delivery_ids) == (41, "evt_7", ("d1",))
-    assert event.usage == eve.Usage(120000, 5, None)
+def _events(*lines: str, first: int = 0) -> list[eve.Event | eve.Malformed]:
+    return eve.parse_lines(list(lines), version=26, first=first)
+
+
+def test_a_v26_line_is_typed_with_its_position_and_key():
+    """Events are frozen, typed, and carry their position, eve's meta.id as key and delivery ids."""
+    usage, ended = _events(_line("step.completed", 7, usage={"inputTokens": 120000, "outputTokens": 5},
+                                 finishReason="stop"), first=41)
+    assert isinstance(usage, eve.UsageRecorded) and isinstance(ended, eve.RunEnded)
+    assert (usage.position, usage.key, usage.usage) == (eve.Position(41, 0), "evt_7", eve.Usage(120000, 5, None))
+    assert ended.position == eve.Position(41, 1) and ended.after == eve.Position(42, 0) and ended.finish_reason == "stop"
+    assert usage.position.version == 26
+    [began] = _events(_line("turn.started", 8, turnId="turn_0"), first=42)
+    assert isinstance(began, eve.TurnBegan) and began.deliveries == ("d1",) and began.turn_id == "turn_0"
     with pytest.raises(AttributeError):
-        event.index = 3  # type: ignore[misc]
+        usage.key = "x"  # type: ignore[misc]
 
 
-def test_unknown_event_type_passes_through_as_generic_event():
-    event = eve.parse_event(_line("something.new", 1, x=1), 0)
-    assert type(event) is eve.Event and event.type == "something.new"
+def test_an_unknown_v26_event_type_is_no_event():
+    assert _events(_line("something.new", 1, x=1)) == []
 
 
 def test_malformed_lines_are_reported_not_raised():
-    assert isinstance(eve.parse_event("{nope", 3), eve.MalformedLine)
-    assert isinstance(eve.parse_event('{"type": "x", "data": {}}', 3), eve.MalformedLine)  # no meta.id
-    assert isinstance(eve.parse_event("[1,2]", 3), eve.MalformedLine)
+    for bad in ("{nope", '{"type": "x", "data": {}}', "[1,2]"):  # not JSON, no meta.id, not an object
+        [item] = _events(bad)
+        assert isinstance(item, eve.Malformed)
 
 
-def test_compaction_requested_keeps_a_fractional_estimate():
-    event = eve.parse_event(_line("compaction.requested", 1, usageInputTokens=131.75), 0)
-    assert isinstance(event, eve.CompactionRequested) and event.usage_input_tokens == 131.75
+def test_a_compactions_fractional_estimate_is_a_whole_number():
+    [event] = _events(_line("compaction.requested", 1, usageInputTokens=131.75))
+    assert isinstance(event, eve.ContextStarted) and event.estimate == 131 and event.kind == "compaction"
 
 
 @pytest.mark.parametrize(
@@ -140,13 +147,13 @@ async def test_stream_resumes_from_the_cursor_after_a_cut(fake_eve):
         malformed = []
         client._on_malformed = lambda s, line: malformed.append(line)
         seen = []
-        async for event in client.stream(sid, 0):
+        async for event in client.stream(sid):
             seen.append(event)
-            if isinstance(event, eve.SessionWaiting):
+            if isinstance(event, eve.Idle):
                 break
-    assert [e.index for e in seen] == list(range(len(seen)))
-    assert len({e.id for e in seen}) == len(seen)
-    assert [e.type for e in seen][-3:] == ["step.completed", "turn.completed", "session.waiting"]
+    assert [e.position for e in seen] == sorted({e.position for e in seen})  # each once, in order
+    assert len({e.key for e in seen}) == len(seen)
+    assert [type(e) for e in seen][-4:] == [eve.UsageRecorded, eve.RunEnded, eve.TurnEnded, eve.Idle]
     assert malformed
 
 
@@ -156,18 +163,17 @@ async def test_read_returns_the_tail_index_and_reset_closes_the_stream(fake_eve)
         empty = await client.read(sid)
         assert empty.events == () and empty.tail_index == -1
         await client.send(sid, "hello")
-        async for event in client.stream(sid, 0):
-            if isinstance(event, eve.SessionWaiting):
+        async for event in client.stream(sid):
+            if isinstance(event, eve.Idle):
                 break
-        page = await client.read(sid, 2)
-        assert page.events[0].index == 2 and page.tail_index == page.events[-1].index
-        last = await client.read(sid, -1)
-        assert [e.type for e in last.events] == ["session.waiting"] and last.events[0].index == page.tail_index
+        page = await client.read(sid, eve.Position(2))
+        assert page.events[0].position.line == 2 and page.tail_index == page.events[-1].position.line
+        last = await client.read(sid, eve.Position(-1))
+        assert [type(e) for e in last.events] == [eve.Idle] and last.events[0].position.line == page.tail_index
         assert (await client.compact(sid)).accepted
-        result = await client.reset(sid)
-        assert result.status == "reset" and result.previous_session_id == sid
+        assert (await client.end(sid)).status in ("reset", "accepted")
         with pytest.raises(eve.SessionExpired):
-            await client.read(sid, 0)
+            await client.read(sid)
         with pytest.raises(eve.SessionNotActive):
             await client.send(sid, "too late")
         assert (await client.compact(sid)).status == "no_active_session"
@@ -190,8 +196,8 @@ async def test_more_followed_streams_than_httpx_default_pool(fake_eve):
         sids = [await client.create_session() for _ in range(120)]
 
         async def follow(sid: str) -> str:
-            async for event in client.stream(sid, 0):
-                if isinstance(event, eve.SessionWaiting):
+            async for event in client.stream(sid):
+                if isinstance(event, eve.Idle):
                     return sid
             return ""
 
@@ -204,15 +210,14 @@ async def test_more_followed_streams_than_httpx_default_pool(fake_eve):
 
 
 def test_a_question_whose_options_are_not_a_list_parses_without_options() -> None:
-    """F6: `input.requested` with a non-list `options` used to raise in the consumer (iterating an
+    """F6: a question with a non-list `options` used to raise in the consumer (iterating an
     int), and a handler that raises wedged the chat on every replay of that event."""
-    from eve_client import InputRequested
-
     for odd in (5, 3.5, True, {"id": "x"}, "abc", None):
-        event = InputRequested(type="input.requested", index=1, id="e1", at=None, delivery_ids=(), data={
-            "requests": [{"requestId": "r1", "prompt": "Go?", "options": odd}]})
-        (request,) = event.requests
-        assert request.request_id == "r1" and request.options == ()
+        [event] = _events(json.dumps({"type": "input.requested", "meta": {"id": "e1"}, "data": {
+            "requests": [{"requestId": "r1", "prompt": "Go?", "options": odd}]}}))
+        assert isinstance(event, eve.QuestionOpened)
+        (question,) = event.questions
+        assert question.id == "r1" and question.options == ()
 
 
 async def test_a_compressed_stream_is_read_as_events():
@@ -229,8 +234,8 @@ async def test_a_compressed_stream_is_read_as_events():
                               headers={"content-encoding": "gzip", "content-type": "application/x-ndjson"})
 
     async with _client(handler) as client:
-        page = await client.read("s1", 0)
-    assert [e.type for e in page.events] == ["turn.started", "session.waiting"]
+        page = await client.read("s1")
+    assert [type(e) for e in page.events] == [eve.TurnBegan, eve.Idle]
     assert asked == ["identity"]
 
 

@@ -102,10 +102,12 @@ async def test_a_multiline_owner_message_is_one_line_of_the_context(parts):
 
 # -- no tools ------------------------------------------------------------------------------------
 
-def ev(index: int, type_: str, **data: Any) -> eve.Event:
-    event = eve.parse_event(json.dumps({"type": type_, "data": data, "meta": {"id": f"evt_{index}"}}), index)
-    assert isinstance(event, eve.Event)
-    return event
+def ev(index: int, type_: str, **data: Any) -> list[eve.Event]:
+    """One line of eve 0.80's wire (stream version 26), as Iva's events."""
+    events = eve.parse_lines([json.dumps({"type": type_, "data": data, "meta": {"id": f"evt_{index}"}})],
+                             version=26, first=index)
+    assert all(isinstance(e, eve.Event) for e in events)
+    return [e for e in events if isinstance(e, eve.Event)]
 
 
 ANSWER = "## goal | the goal\nship it\n\n## facts | merged\nall facts"
@@ -116,7 +118,7 @@ def script(*middle: tuple[str, dict[str, Any]]) -> list[eve.Event]:
               ("message.completed", {"message": ANSWER, "finishReason": "stop"}),
               ("step.completed", {"finishReason": "stop", "usage": {"inputTokens": 10, "outputTokens": 5}}),
               ("turn.completed", {}), ("session.waiting", {})]
-    return [ev(i, t, **d) for i, (t, d) in enumerate(events)]
+    return [e for i, (t, d) in enumerate(events) for e in ev(i, t, **d)]
 
 
 TOOL_SIGNS: dict[str, list[tuple[str, dict[str, Any]]]] = {
@@ -146,12 +148,12 @@ class ScriptedEve:
         self.prompts.append(message or "")
         return f"wrun_{len(self.prompts)}"
 
-    async def stream(self, session: str, start_index: int = 0) -> AsyncIterator[eve.Event]:
+    async def stream(self, session: str, cursor: eve.Position = eve.START) -> AsyncIterator[eve.Event]:
         for event in self.events:
             self.read += 1
             yield event
 
-    async def reset(self, session: str, *, reason: str | None = None) -> None:
+    async def end(self, session: str, *, reason: str | None = None) -> None:
         self.resets.append(session)
 
 
@@ -181,7 +183,9 @@ async def test_any_sign_of_a_tool_call_voids_the_rebuild_at_once(parts, sign):
     client = ScriptedEve(script(*TOOL_SIGNS[sign]))
     assert await Rebuilder(notebook, store, client).maybe_run(GROUP) == "tool_used"  # type: ignore[arg-type]
     assert len(await notebook.notes(GROUP)) == 42  # the old notebook stays
-    assert client.read == 3  # turn.started, step.started, the sign: nothing after it was read
+    # turn.started, step.started, the sign (a refused call's step is two events: its usage, its end):
+    # nothing after it was read
+    assert client.read == (4 if sign == "refused tool call" else 3)
     assert client.resets == ["wrun_1"] and len(client.prompts) == 1  # no stricter retry
     chat = await store.chat(GROUP)
     assert chat is not None and chat.notes_rebuild_failed == chat.notes_version
@@ -203,8 +207,8 @@ class FailingEve(ScriptedEve):
             raise eve.EveConnectError("eve is down")
         return await super().create_session(message)
 
-    async def stream(self, session: str, start_index: int = 0) -> AsyncIterator[eve.Event]:
-        async for event in super().stream(session, start_index):
+    async def stream(self, session: str, cursor: eve.Position = eve.START) -> AsyncIterator[eve.Event]:
+        async for event in super().stream(session, cursor):
             if self.where == "stream" and self.read == 2:
                 raise RuntimeError("the stream broke")
             yield event

@@ -23,6 +23,7 @@ from bridge.storage.payloads import QueuedMessage
 from bridge.storage.state import StateCorrupt
 from bridge.storage.store import Store
 from diskqueue import Database, DiskQueue
+from eve_client import Position
 from tests.harness import KillingDatabase, open_store
 
 NOW = 1_900_000_000.0
@@ -123,7 +124,7 @@ async def _build(queue: DiskQueue, store: Store) -> dict[str, set[int]]:
     assert claim is not None
     await tr.session_opened(BUSY, claim.claim, "sess-busy")
     await tr.delivered(BUSY, claim.claim, "d1")
-    await tr.waiting_on_person(BUSY, claim.claim, waiting=True, cursor=3)
+    await tr.waiting_on_person(BUSY, claim.claim, waiting=True, cursor=Position(3))
     await _age(db, "UPDATE chats SET busy_since = :t, progress_at = :t WHERE address = ?", 20, BUSY)
     await _age(db, "UPDATE diskqueue_messages SET enqueued_at = :t, claimed_at = :t WHERE dedupe_key = ?",
                20, "tg:2:1")
@@ -190,7 +191,7 @@ async def test_once_the_busy_period_ends_its_rows_age_out_too(tmp_path: Path) ->
         chat = await store.chat(BUSY)
         assert chat is not None and chat.claim is not None
         tr = Transitions(store, queue, clock=lambda: NOW)
-        await tr.park(BUSY, chat.claim, cursor=9, measurement=None, threshold=100_000, may_compact=False)
+        await tr.park(BUSY, chat.claim, cursor=Position(9), measurement=None, threshold=100_000, may_compact=False)
         await db.execute("UPDATE diskqueue_messages SET finished_at = ? WHERE address = ?", (NOW - 19 * DAY, BUSY))
         pruned = await retention.prune(queue, store, days=DAYS, now=NOW)
         assert (pruned.queue, pruned.outbox, pruned.prompts) == (2, 1, 1)

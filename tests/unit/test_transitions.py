@@ -20,6 +20,7 @@ import pytest
 from bridge.chat.transitions import ChatState, IllegalTransition, Superseded, Transitions, state_of
 from bridge.storage.payloads import QueuedMessage
 from bridge.storage.store import CancelMark, Chat, CompactPhase
+from eve_client import Position
 from tests.harness import Killed, KillingDatabase, open_store
 
 A = "1"
@@ -61,14 +62,14 @@ async def _idle_session(tr: Transitions) -> None:
     await _turn(tr)
     chat = await _chat(tr)
     assert chat.claim
-    await tr.park(A, chat.claim, cursor=5, measurement=50_000, threshold=THRESHOLD, may_compact=True)
+    await tr.park(A, chat.claim, cursor=Position(5), measurement=50_000, threshold=THRESHOLD, may_compact=True)
 
 
 async def _compacting_wanted(tr: Transitions) -> None:
     await _turn(tr)
     chat = await _chat(tr)
     assert chat.claim
-    parked = await tr.park(A, chat.claim, cursor=5, measurement=120_000, threshold=THRESHOLD, may_compact=True)
+    parked = await tr.park(A, chat.claim, cursor=Position(5), measurement=120_000, threshold=THRESHOLD, may_compact=True)
     assert parked.compaction_claim is not None
 
 
@@ -95,7 +96,7 @@ async def _released(tr: Transitions) -> None:
     await _compacting_posted(tr)
     chat = await _chat(tr)
     assert chat.claim
-    await tr.release(A, chat.claim, 6)
+    await tr.release(A, chat.claim, Position(6))
 
 
 async def _new_requested(tr: Transitions) -> None:
@@ -154,35 +155,35 @@ TABLE = [
         lambda c: c.eve_session is None and c.measurement is None),
     Row("delivered", lambda tr, c: tr.delivered(A, claim(c), "d9", {"notes_nudged_upto": 3}), TURNS, None,
         lambda c: "d9" in c.deliveries and c.notes_nudged_upto == 3),
-    Row("advance", lambda tr, c: tr.advance(A, claim(c), 40), TURNS | COMPACTING, None, lambda c: c.cursor == 40),
-    Row("waiting_on_person", lambda tr, c: tr.waiting_on_person(A, claim(c), waiting=True, cursor=41), TURNS, None,
-        lambda c: c.waiting_input and c.cursor == 41),
-    Row("in_turn_compacted", lambda tr, c: tr.in_turn_compacted(A, claim(c), 42), TURNS, None,
+    Row("advance", lambda tr, c: tr.advance(A, claim(c), Position(40)), TURNS | COMPACTING, None, lambda c: c.cursor == Position(40)),
+    Row("waiting_on_person", lambda tr, c: tr.waiting_on_person(A, claim(c), waiting=True, cursor=Position(41)), TURNS, None,
+        lambda c: c.waiting_input and c.cursor == Position(41)),
+    Row("in_turn_compacted", lambda tr, c: tr.in_turn_compacted(A, claim(c), Position(42)), TURNS, None,
         lambda c: c.compactions == 1),
     Row("turn_shared", lambda tr, c: tr.turn_shared(A, claim(c)), TURNS, None, lambda c: not c.owner_turn),
     Row("send_failed", lambda tr, c: tr.send_failed(A, claim(c), [1]), TURNS, None),
     Row("claim_steer", lambda tr, c: tr.claim_steer(A, claim(c), limit=10), TURNS, None),
     Row("steer_taken", lambda tr, c: tr.steer_taken(A, claim(c), [1]), TURNS, None),
     Row("steer_returned", lambda tr, c: tr.steer_returned(A, claim(c), [1]), TURNS, None),
-    Row("park", lambda tr, c: tr.park(A, claim(c), cursor=43, measurement=1_000, threshold=THRESHOLD,
+    Row("park", lambda tr, c: tr.park(A, claim(c), cursor=Position(43), measurement=1_000, threshold=THRESHOLD,
                                       may_compact=True), TURNS, ChatState.IDLE,
         lambda c: c.turns == 1 and c.measurement == 1_000 and c.claim is None),
-    Row("park_into_compaction", lambda tr, c: tr.park(A, claim(c), cursor=43, measurement=200_000,
+    Row("park_into_compaction", lambda tr, c: tr.park(A, claim(c), cursor=Position(43), measurement=200_000,
                                                       threshold=THRESHOLD, may_compact=True),
         TURNS, ChatState.COMPACTING, lambda c: c.compact_phase is CompactPhase.WANTED and c.compact_before == 200_000),
     Row("give_back", lambda tr, c: tr.give_back(A, claim(c)), TURNS, ChatState.IDLE),
     Row("fail_turn", lambda tr, c: tr.fail_turn(A, claim(c)), TURNS, ChatState.IDLE),
     Row("session_lost", lambda tr, c: tr.session_lost(A, c.claim), TURNS | COMPACTING | {"released"}, ChatState.IDLE,
-        lambda c: c.reset_mark and c.eve_session is None and c.cursor == 0),
+        lambda c: c.reset_mark and c.eve_session is None and c.cursor == Position(0)),
     Row("capture_manual", lambda tr, c: tr.capture_manual(A, before=60_000, reply_to=3, lang="ru"),
         {"idle_session"}, ChatState.COMPACTING, lambda c: c.compact_reply_to == 3, guard=True),
     Row("compact_posted", lambda tr, c: tr.compact_posted(A, claim(c)), {"compacting_wanted", "compacting_manual"},
         None, lambda c: c.compact_phase is CompactPhase.POSTED),
     Row("compact_accepted", lambda tr, c: tr.compact_accepted(A, claim(c)), COMPACTING, None,
         lambda c: c.compact_phase is CompactPhase.ACCEPTED),
-    Row("release", lambda tr, c: tr.release(A, claim(c), 44), {"compacting_wanted", "compacting_posted",
+    Row("release", lambda tr, c: tr.release(A, claim(c), Position(44)), {"compacting_wanted", "compacting_posted",
                                                                "compacting_manual"},
-        ChatState.RELEASED, lambda c: c.claim is None and c.cursor == 44),
+        ChatState.RELEASED, lambda c: c.claim is None and c.cursor == Position(44)),
     Row("recapture", lambda tr, c: tr.recapture(A), {"released"}, ChatState.COMPACTING,
         lambda c: c.compact_phase is CompactPhase.ACCEPTED, guard=True),
     Row("end_watch", lambda tr, c: tr.end_watch(A), {"released"}, ChatState.IDLE, guard=True),
@@ -192,9 +193,9 @@ TABLE = [
     Row("want_stop", lambda tr, c: tr.want_stop(A), TURNS | COMPACTING, None, lambda c: c.stop_wanted, guard=True),
     Row("notify_compacting", lambda tr, c: tr.notify_compacting(A), COMPACTING, None, lambda c: c.compact_notified,
         guard=True),
-    Row("finish_compaction", lambda tr, c: tr.finish_compaction(A, c.claim, cursor=45, ok=True),
+    Row("finish_compaction", lambda tr, c: tr.finish_compaction(A, c.claim, cursor=Position(45), ok=True),
         COMPACTING | {"released"}, ChatState.IDLE, lambda c: c.after_pending and c.compactions == 1),
-    Row("finish_compaction_failed", lambda tr, c: tr.finish_compaction(A, c.claim, cursor=45, ok=False),
+    Row("finish_compaction_failed", lambda tr, c: tr.finish_compaction(A, c.claim, cursor=Position(45), ok=False),
         COMPACTING | {"released"}, ChatState.IDLE, lambda c: c.compactions == 0),
     Row("drop_compaction", lambda tr, c: tr.drop_compaction(A, claim(c)), COMPACTING, ChatState.IDLE,
         lambda c: c.compact_failures == 0),
@@ -260,7 +261,7 @@ async def test_a_stale_claim_is_superseded_and_writes_nothing(tmp_path: Path, st
         await STATES[state](tr)
         before = snapshot(db.path)
         with pytest.raises(Superseded):
-            await tr.advance(A, "an-old-claim", 99)
+            await tr.advance(A, "an-old-claim", Position(99))
         assert snapshot(db.path) == before
     finally:
         await db.close()
@@ -279,7 +280,7 @@ async def test_cancel_sent_only_after_a_cancel_was_wanted(tmp_path: Path, state:
         assert not await tr.want_cancel(A, chat.claim)  # once
         await tr.cancel_sent(A, chat.claim)
         assert (await _chat(tr)).compact_cancel is CancelMark.SENT
-        done = await tr.finish_compaction(A, chat.claim, cursor=50, ok=False)
+        done = await tr.finish_compaction(A, chat.claim, cursor=Position(50), ok=False)
         assert done.outcome == "cancelled"
         assert (await _chat(tr)).compact_failures == 0  # a cancelled compaction is not a failure
     finally:
@@ -306,7 +307,7 @@ async def test_the_fresh_session_set_is_the_same_on_every_way_to_a_new_session(t
             c = await _chat(tr)
             fresh.append((c.eve_session, c.cursor, c.measurement, c.compaction_disabled, c.after_pending,
                           c.compact_failures, c.compact_retry_at))
-        assert fresh == [(None, 0, None, False, False, 0, None)] * 3
+        assert fresh == [(None, Position(0), None, False, False, 0, None)] * 3
     finally:
         await db.close()
 

@@ -85,7 +85,7 @@ class Stage(enum.Enum):
     RUNNING = "running"  # between turn.started and the turn's end
     ASKING = "asking"  # a question waits on the person (T5): no busy timeout (F5)
     ANSWERED = "answered"  # the person answered it: eve must go on within the busy timeout
-    ENDED = "ended"  # the turn ended at eve; its session.waiting parks the chat
+    ENDED = "ended"  # the turn ended at eve; eve idle after it parks the chat
 
 
 class Stop(enum.Flag):
@@ -219,14 +219,15 @@ class Phase:
 
 
 async def apply(phase: Phase, event: eve.Event) -> Phase | Ended | None:
-    """One event of eve's stream, in ``phase``: the cursor moves past it."""
+    """One event of eve's stream, in ``phase``: the cursor moves past it (V2: a position read
+    before — the first facts of a line a restart cut — is not applied again)."""
     p = phase.p
-    if event.index < p.cursor:
-        return None  # applied already (read ahead of the stream)
+    if event.position < p.cursor:
+        return None  # applied already (read ahead of the stream, or the rest of a line)
     p.moved()
-    p.cursor = event.index + 1
-    if isinstance(event, eve.SessionCompleted | eve.SessionFailed):
-        return Ended(phase.lost(event.type))
+    p.cursor = event.after
+    if isinstance(event, eve.SessionEnded):
+        return Ended(phase.lost(f"session {event.outcome}"))
     try:
         return await phase.on_event(event)
     except BAD_EVENT:
@@ -236,5 +237,5 @@ async def apply(phase: Phase, event: eve.Event) -> Phase | Ended | None:
         # database, eve or Telegram are not in BAD_EVENT: they propagate and the worker
         # retries from the cursor.
         METRICS.eve_errors.labels(kind="event").inc()
-        logger.exception("eve_event_skipped", type=event.type, index=event.index, event_id=event.id)
+        logger.exception("eve_event_skipped", what=event.what, position=str(event.position), key=event.key)
         return None

@@ -31,8 +31,9 @@ class Heard(enum.Enum):
     """What eve's stream said of the compaction so far."""
 
     NOTHING = "nothing"
-    REQUESTED = "requested"  # compaction.requested: eve has it
-    COMPLETED = "completed"  # compaction.completed: the summary is in
+    REQUESTED = "requested"  # the compaction began at eve: eve has it
+    COMPLETED = "completed"  # it ended completed: the summary is in
+    FAILED = "failed"  # it ended failed or interrupted (eve 1.x says so; 0.80 only goes idle)
 
 
 class Compaction:
@@ -150,15 +151,15 @@ class CompactionPhase(Phase):
     async def on_event(self, event: eve.Event) -> Phase | Ended | None:
         c = self.c
         match event:
-            case eve.CompactionRequested():
+            case eve.ContextStarted(kind="compaction", in_turn=False):
                 return await self.announced()
-            case eve.CompactionCompleted():
-                c.heard = Heard.COMPLETED
-            case eve.SessionWaiting() if c.heard is not Heard.NOTHING or c.cancel is CancelMark.SENT:
+            case eve.ContextSettled(kind="compaction", in_turn=False):
+                c.heard = Heard.COMPLETED if event.ok else Heard.FAILED
+            case eve.Idle() if c.heard is not Heard.NOTHING or c.cancel is CancelMark.SENT:
                 # A cancel that came after eve completed it cancelled nothing: it completed (C4/C7).
                 await self.finish(ok=c.heard is Heard.COMPLETED)
                 return Ended()
-            case eve.TurnStarted():
+            case eve.TurnBegan():
                 # A message reached eve while we watched a released compaction: it is a turn now.
                 logger.info("compaction_watch_turn_started")
         return None
@@ -200,7 +201,7 @@ class CompactionPhase(Phase):
     # -- the end ---------------------------------------------------------------------------
 
     async def finish(self, *, ok: bool) -> None:
-        """C7: session.waiting after the compaction; without compaction.completed it failed."""
+        """C7: eve idle after the compaction; unless it said the compaction completed, it failed."""
         p, s, c = self.p, self.p.s, self.c
         async with s.store.db.transaction():
             done = await s.transitions.finish_compaction(p.address, p.claim, cursor=p.cursor, ok=ok)
@@ -255,7 +256,7 @@ class WatchPhase(CompactionPhase):
             return None  # the stream decides, as before
         for event in page.events:
             step = await apply(self, event)
-            if step is not None or isinstance(event, eve.CompactionRequested):
+            if step is not None or (isinstance(event, eve.ContextStarted) and event.kind == "compaction"):
                 return step
         return None
 

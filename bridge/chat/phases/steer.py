@@ -1,4 +1,4 @@
-"""Messages for a running turn: button answers as inputResponses, texts as a steer (T4, T5, F4).
+"""Messages for a running turn: button answers as eve's answers, texts as a steer (T4, T5, F4).
 
 Every write of the queue is a transition (``claim_steer``, ``steer_taken``, ``steer_returned``,
 ``delivered``); this module decides which, and what eve is sent."""
@@ -75,7 +75,7 @@ async def steer(p: Period, chat: Chat) -> Steered | Ended | None:
         ids = [m.id for m in answers]
         try:
             await s.eve.respond(p.session, [
-                {"requestId": a.request_id, "optionId": a.option_id}
+                eve.Answer(a.request_id, option_id=a.option_id)
                 for a in (decode(m.payload) for m in answers) if isinstance(a, InputAnswer)
             ])
         except eve.SessionGone as exc:

@@ -171,15 +171,15 @@ class TurnPhase(Phase):
     async def on_event(self, event: eve.Event) -> Phase | Ended | None:
         p, s, chat, tr = self.p, self.p.s, self.chat, self.p.s.transitions
         claim = p.owned()
-        if isinstance(event, eve.TurnStarted | eve.MessageReceived) and event.delivery_ids:
+        if isinstance(event, eve.TurnBegan | eve.InputTaken) and event.deliveries:
             if self.pending is None:
                 # Our send's answer was lost (an ambiguous send, F4), so no delivery is on the
                 # record: this is the turn eve made of it. Recorded now, so that a restart after the
                 # cursor has passed this point follows the turn instead of sending again.
-                for delivery in event.delivery_ids:
+                for delivery in event.deliveries:
                     await tr.delivered(p.address, claim, delivery)
-                self.pending = set(event.delivery_ids)
-            elif adopted := await steer.adopt(p, event.delivery_ids):
+                self.pending = set(event.deliveries)
+            elif adopted := await steer.adopt(p, event.deliveries):
                 self.pending.update(adopted)
                 self.steer_grace = None
                 if self.stage is Stage.ENDED:
@@ -187,22 +187,22 @@ class TurnPhase(Phase):
                 p.poke()  # messages that waited behind it may steer now
         if self.pending is None and self.stage is Stage.SENT:
             # Our send's answer was lost and eve has shown no turn of it yet: it may be queued behind
-            # what eve runs (a compaction: its turn starts right after the session.waiting,
-            # PROTOCOL.md §5). Idle with no turn for a moment: eve never had it.
+            # what eve runs (a compaction: its turn starts right after eve is idle, PROTOCOL.md §5).
+            # Idle with no turn for a moment: eve never had it.
             grace = s.settings.eve_grace
-            self.unsent_grace = p.clock.now() + grace if isinstance(event, eve.SessionWaiting) else None
+            self.unsent_grace = p.clock.now() + grace if isinstance(event, eve.Idle) else None
         match event:
-            case eve.MessageAppended():
+            case eve.TextDelta():
                 self.block += event.delta
-                self._show(event.index, self.block)
-            case eve.ActionInputAppended() | eve.ActionsRequested() if not self.block.strip():
-                tools = [event.tool_name] if isinstance(event, eve.ActionInputAppended) else event.tool_names
-                if tools and tools[0]:
-                    self._show(event.index, progress_line(tools[0], chat.lang))
-            case eve.MessageCompleted():
+                self._show(event.position.line, self.block)
+            case eve.ToolCalled() if not self.block.strip():
+                name = event.label or (event.names[0] if event.names else "")
+                if name:
+                    self._show(event.position.line, progress_line(name, chat.lang))
+            case eve.TextDone():
                 await self._completed(event, claim)
-            case eve.TurnStarted() | eve.StepStarted():
-                if isinstance(event, eve.TurnStarted):
+            case eve.TurnBegan() | eve.RunBegan():
+                if isinstance(event, eve.TurnBegan):
                     self.turn_id = event.turn_id or self.turn_id
                     if self.stage in (Stage.SENT, Stage.ENDED):
                         self.stage = Stage.RUNNING
@@ -210,72 +210,82 @@ class TurnPhase(Phase):
                         await self._stop()  # stopped before eve began it: cancel it by its id now
                 if p.typing is not None and not self.stop:
                     p.typing.start()
-            case eve.StepCompleted():
+            case eve.UsageRecorded():
                 usage = event.usage
-                if usage is not None and usage.input_tokens is not None:
+                if usage.input_tokens is not None and not event.context:
+                    # seed 004 on eve 1.x: the turn's own model calls, never a compaction's summary
                     self.measurement = usage.input_tokens
                     self.first_measurement = self.first_measurement or usage.input_tokens
-                if usage is not None:
-                    p.spend.add(usage)
-            case eve.CompactionRequested() if self.late is Late.OUTSTANDING and self.stage in (Stage.SENT,
-                                                                                               Stage.ENDED):
+                p.spend.add(usage)
+            case eve.ContextStarted(kind="compaction", in_turn=False) if self.late is Late.OUTSTANDING and \
+                    self.stage in (Stage.SENT, Stage.ENDED):
                 # C6: the compaction released before this turn, announced now; our message waits
                 # behind it at eve: the person hears the C3 notice.
                 self.late = Late.ANNOUNCED
-                logger.info("compaction_announced_late", estimate=event.usage_input_tokens)
+                logger.info("compaction_announced_late", estimate=event.estimate)
                 await self._end_draft()
                 async with s.store.db.transaction():
-                    await s.outbox.say(chat, f"c3:{event.id}", t("compacting_notice", chat.lang))
+                    await s.outbox.say(chat, f"c3:{event.key}", t("compacting_notice", chat.lang))
                     await tr.advance(p.address, claim, p.cursor)
                 await s.outbox.flush(p.address)
-            case eve.CompactionRequested():
-                logger.info("eve_in_turn_compaction", estimate=event.usage_input_tokens)  # eve's, not ours
-            case eve.CompactionCompleted():
+            case eve.ContextStarted(kind="compaction"):
+                logger.info("eve_in_turn_compaction", estimate=event.estimate)  # eve's, not ours
+            case eve.ContextSettled(kind="compaction") if event.ok:
                 await tr.in_turn_compacted(p.address, claim, p.cursor)
-            case eve.InputRequested():
+            case eve.QuestionOpened():
                 await self._end_draft()
                 await self._show_prompts(event, claim)
-            case eve.TurnWaiting() if event.on == "input":
+            case eve.TurnPaused():
                 # T5: the turn cannot end until the person answers; their next message goes at once.
                 self.stage = Stage.ASKING
                 await tr.waiting_on_person(p.address, claim, waiting=True, cursor=p.cursor)
                 await p.stop_typing()
                 if p.slot is not None:
                     p.slot.give_back()  # F5: other chats' turns go on meanwhile
-            case eve.InputResolved():
-                await s.store.close_prompts(p.session, event.request_ids)
-            case eve.TurnFailed():
-                logger.warning("eve_turn_failed", code=event.code, error=event.message[:300])
+            case eve.QuestionSettled():
+                await s.store.close_prompts(p.session, event.ids)
+            case eve.TurnEnded(outcome="failed"):
+                code = event.code or "error"
+                logger.warning("eve_turn_failed", code=code, error=event.message[:300])
                 METRICS.turns.labels(outcome="failed").inc()
                 await self._end_draft()
                 async with s.store.db.transaction():
-                    await s.outbox.say(chat, f"failed:{event.id}", await pushed.turn_failed(s.queue, chat, event.code or "error")
-                                       or t("turn_failed", chat.lang, reason=event.code or "error"))  # W4
+                    await s.outbox.say(chat, f"failed:{event.key}", await pushed.turn_failed(s.queue, chat, code)
+                                       or t("turn_failed", chat.lang, reason=code))  # W4
                     await tr.advance(p.address, claim, p.cursor)
                     await p.spend.commit(s.store, p.address)
                 await s.outbox.flush(p.address)
-        if self.stage in (Stage.ASKING, Stage.ANSWERED) and (isinstance(event, eve.StepStarted | eve.InputResolved)
-                                                             or event.terminal):
+        ended = isinstance(event, eve.TurnEnded)
+        if self.stage in (Stage.ASKING, Stage.ANSWERED) and (isinstance(event, eve.RunBegan | eve.QuestionSettled)
+                                                             or ended):
             self.stage = Stage.RUNNING
             p.moved()
             await tr.waiting_on_person(p.address, claim, waiting=False)
-            if p.slot is not None and not event.terminal:
+            if p.slot is not None and not ended:
                 await p.slot.retake()
-        if event.terminal:
+        if isinstance(event, eve.TurnEnded):
             await self._turn_ended(event, claim)
-        if isinstance(event, eve.SessionWaiting) and self.stage is Stage.ENDED and not self.pending:
+        if isinstance(event, eve.Idle) and self.stage is Stage.ENDED and not self.pending:
             if await steer.unsure(p):
                 # A steer eve may have (its send's answer lost, or a restart before it was recorded)
-                # and no sign of it yet: eve starts a turn with it right after session.waiting if
-                # it has it (PROTOCOL.md §4). Park only once that did not come (F4).
+                # and no sign of it yet: eve starts a turn with it right after it is idle if it has
+                # it (PROTOCOL.md §4). Park only once that did not come (F4).
                 self.steer_grace = p.clock.now() + s.settings.eve_grace
                 return None
             return await self.park()
         return None
 
-    async def _completed(self, event: eve.MessageCompleted, claim: str) -> None:
+    async def _completed(self, event: eve.TextDone, claim: str) -> None:
         p, s, chat = self.p, self.p.s, self.chat
-        text, self.block, self.draft_id = event.message, "", 0
+        if event.phase is eve.Phase.NARRATION:
+            # Words on the way to a tool (eve 1.x): progress, never the answer. The draft showed
+            # them as they came; without a draft they are not sent (docs/behaviour.md). A stopped
+            # turn's partial text arrives so, marked interrupted: the stop rule shows it.
+            self.block = event.text if event.interrupted and self.stop else ""
+            if not self.block:
+                self.draft_id = 0
+            return
+        text, self.block, self.draft_id = event.text, "", 0
         if p.draft is not None:
             await p.draft.settle()  # no frame may land after the final message
         if not text.strip() or Stop.SHOWN in self.stop:
@@ -284,15 +294,15 @@ class TurnPhase(Phase):
             text = f"{text}\n\n{t('stopped_mark', chat.lang)}"
             self.stop |= Stop.SHOWN
         async with s.store.db.transaction():
-            await s.store.put_outgoing(p.address, event.id, chat.chat_id, chat.thread_id, text)
+            await s.store.put_outgoing(p.address, event.key, chat.chat_id, chat.thread_id, text)
             await s.transitions.advance(p.address, claim, p.cursor)
             await p.spend.commit(s.store, p.address)
-        if p.typing is not None and event.finish_reason == "stop":
+        if p.typing is not None and event.final:
             await p.typing.stop()  # never after the final send (LESSONS #12)
         await s.outbox.flush(p.address)
         await speak.after_answer(s, p.address, chat.chat_id, chat.thread_id, text)  # P4
 
-    async def _turn_ended(self, event: eve.Event, claim: str) -> None:
+    async def _turn_ended(self, event: eve.TurnEnded, claim: str) -> None:
         p, s, chat = self.p, self.p.s, self.chat
         self.stage = Stage.ENDED
         if self.stop and self.block.strip() and Stop.SHOWN not in self.stop:
@@ -300,7 +310,7 @@ class TurnPhase(Phase):
             if p.draft is not None:
                 await p.draft.settle()
             async with s.store.db.transaction():
-                await s.store.put_outgoing(p.address, f"stopped:{event.id}", chat.chat_id, chat.thread_id,
+                await s.store.put_outgoing(p.address, f"stopped:{event.key}", chat.chat_id, chat.thread_id,
                                            f"{self.block}\n\n{t('stopped_mark', chat.lang)}")
                 await s.transitions.advance(p.address, claim, p.cursor)
             self.stop |= Stop.SHOWN
@@ -309,9 +319,9 @@ class TurnPhase(Phase):
         if self.asked:
             await s.store.close_prompts(p.session)
         if self.pending is not None:
-            self.pending.difference_update(event.delivery_ids)
+            self.pending.difference_update(event.deliveries)
 
-    def _show(self, index: int, text: str) -> None:
+    def _show(self, line: int, text: str) -> None:
         """The live draft shows ``text`` (one draft id per text block, from its first event)."""
         draft = self.p.draft
         if draft is None or self.stop:
@@ -319,7 +329,7 @@ class TurnPhase(Phase):
         if not self.draft_id:
             # Non-zero, the same when a restart replays the block, and naming this turn: a late
             # press of a finished draft's stop button never stops the turn after it.
-            self.draft_id = draftids.draft_id(self.p.owned(), index)
+            self.draft_id = draftids.draft_id(self.p.owned(), line)
         draft.show(self.draft_id, text)
 
     async def _end_draft(self) -> None:
@@ -327,25 +337,25 @@ class TurnPhase(Phase):
         await self.p.end_draft()
         self.draft_id = 0
 
-    async def _show_prompts(self, event: eve.InputRequested, claim: str) -> None:
+    async def _show_prompts(self, event: eve.QuestionOpened, claim: str) -> None:
         """T5: each question or approval as a message with its options as inline buttons."""
         p, chat, store = self.p, self.chat, self.p.s.store
         # S3: the people whose messages make this turn may answer (and the owners, always).
         askers = [m.user_id for m in map(decode, (r.payload for r in await p.s.queue.inflight(p.address)))
                   if isinstance(m, QueuedMessage)]
         async with store.db.transaction():
-            for request in event.requests:
-                prompt_id = await store.add_prompt(p.address, p.session, request.request_id,
+            for request in event.questions:
+                prompt_id = await store.add_prompt(p.address, p.session, request.id,
                                                    [o.id for o in request.options], chat_id=chat.chat_id,
                                                    askers=askers)
                 buttons = [{"text": o.label[:60], "callback_data": PromptButton(prompt_id, i).encode()}
                            for i, o in enumerate(request.options[:12])]
                 rows = [buttons[i:i + 3] for i in range(0, len(buttons), 3)] or None
                 text = request.prompt or t("input_needed", chat.lang)
-                await store.put_outgoing(p.address, f"{event.id}:{request.request_id}", chat.chat_id,
+                await store.put_outgoing(p.address, f"{event.key}:{request.id}", chat.chat_id,
                                          chat.thread_id, text, markup=rows)
             await p.s.transitions.advance(p.address, claim, p.cursor)
-        self.asked.add(event.id)
+        self.asked.add(event.key)
         await p.stop_typing()
         await p.s.outbox.flush(p.address)
 
