@@ -12,6 +12,12 @@ Off by default. It never holds the turn: the text goes first, as always; the voi
 a task of its own. A speaker that fails, hangs or prints something that is not OGG costs the
 voice only — the person has the text — and is said once in the log, per answer. Not durable: a
 crash between the text and the voice loses the voice, never the text.
+
+F13: the speakers run in a bounded pool (:class:`Voices`): at most :data:`SPEAKERS` at once, for
+every chat together, each from its start until its voice went (so the audio in memory is at most
+``SPEAKERS`` × :data:`MAX_VOICE`); the rest wait in a queue of at most :data:`VOICES_WAITING`
+answers (their text only), past which an answer stays text only (logged). A chat's voices are
+made and sent one after another, in the order of their answers, each after its text.
 """
 
 from __future__ import annotations
@@ -21,7 +27,11 @@ import os
 import shutil
 import tempfile
 import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from aiogram.types import BufferedInputFile
 
@@ -30,16 +40,28 @@ from ..config import Settings
 from ..errors import BridgeError
 from ..storage.payloads import QueuedMessage, Spoken, decode
 from ..telegram.render import render
-from .services import Services
-from .transcribe import _drain, _end, _environment
+from .transcribe import Pool, _drain, _end, _environment
 
-__all__ = ["MAX_VOICE", "SpeakFailed", "Speaker", "after_answer", "answer_aloud", "spoken_to"]
+if TYPE_CHECKING:
+    from .services import Services  # which holds the pool (Voices) defined here
+
+__all__ = ["MAX_VOICE", "SPEAKERS", "VOICES_WAITING", "SpeakFailed", "Speaker", "Voices", "after_answer",
+           "answer_aloud", "spoken_to"]
 
 logger = log.get("bridge.chat.speak")
 
 MAX_VOICE = 20 * 1024 * 1024  # bytes of audio kept; a longer output is no voice we send
 MAX_TEXT = 20_000  # characters of an answer read aloud
 MAX_STDERR = 2000
+# F13. Speakers at once, all chats: text-to-speech is CPU-bound (espeak-ng and opusenc, or a
+# neural model, take a core each) and the hosts Iva runs on have two; each also holds up to
+# MAX_VOICE of audio until its voice went — 40 MB at most. Two keep the turns' own work
+# (eve's stream, the store) a core while voices are made.
+SPEAKERS = 2
+# Answers waiting for a speaker, all chats: each holds its text only (at most MAX_TEXT
+# characters). 64 is a voice for every one of IVA_MAX_TURNS' 16 turns four times over; more
+# waiting means the speakers cannot keep up, and a voice minutes late is no answer.
+VOICES_WAITING = 64
 
 
 class SpeakFailed(BridgeError):
@@ -97,6 +119,48 @@ class Speaker:
         return out
 
 
+class Voices:
+    """The speakers' pool and queue (F13): :data:`SPEAKERS` at once for every chat together, at
+    most :data:`VOICES_WAITING` answers waiting; one chat's voices one after another, in order.
+    ``speaking`` and ``waiting`` say how many now (tests and the log read them)."""
+
+    def __init__(self, speakers: int = SPEAKERS, waiting: int = VOICES_WAITING) -> None:
+        self._pool = Pool(speakers)
+        self._limit = waiting
+        self._chats: dict[str, deque[Callable[[], Awaitable[object]]]] = {}
+
+    @property
+    def speaking(self) -> int:
+        return self._pool.busy
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(jobs) for jobs in self._chats.values())
+
+    def add(self, address: str, job: Callable[[], Awaitable[object]],
+            spawn: Callable[[Coroutine[Any, Any, Any]], object]) -> bool:
+        """Queue ``job`` (making and sending one voice) behind the chat's earlier ones; False
+        when the queue is full (the answer stays text only)."""
+        if self.waiting >= self._limit:
+            return False
+        jobs = self._chats.get(address)
+        if jobs is None:
+            jobs = self._chats[address] = deque()
+            spawn(self._chat(address, jobs))
+        jobs.append(job)
+        return True
+
+    async def _chat(self, address: str, jobs: deque[Callable[[], Awaitable[object]]]) -> None:
+        """One chat's voices, one after another, each when a speaker is free."""
+        try:
+            while jobs:
+                async with self._pool:
+                    await jobs.popleft()()
+        finally:
+            if self._chats.get(address) is jobs:
+                del self._chats[address]
+
+
 async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
     """The text on the command's standard input, then its end; a command that does not read
     it (or is gone) is not an error here: its exit code and output say what happened."""
@@ -121,14 +185,16 @@ def spoken_to(messages: list[QueuedMessage]) -> QueuedMessage | None:
 async def after_answer(s: Services, address: str, chat_id: int, thread_id: int | None, text: str) -> None:
     """Called by the turn's consumer once an answer's text is on its way: when a speaker is set
     and the turn answers a voice message (read now, while the turn's messages are in flight),
-    the voice is made and sent by a task of its own — the turn never waits for it."""
+    the voice is queued in the speakers' pool (F13), behind the chat's earlier voices — the turn
+    never waits for it."""
     speaker = Speaker.from_settings(s.settings)
     if speaker is None:
         return
     turn = [m for m in (decode(r.payload) for r in await s.queue.inflight(address)) if isinstance(m, QueuedMessage)]
     if spoken_to(turn) is None:
         return
-    s.spawn(answer_aloud(s, speaker, chat_id, thread_id, text))
+    if not s.voices.add(address, partial(answer_aloud, s, speaker, chat_id, thread_id, text), s.spawn):
+        logger.warning("voice_answer_failed", outcome="queue_full", waiting=s.voices.waiting, fallback="text only")
 
 
 async def answer_aloud(s: Services, speaker: Speaker, chat_id: int, thread_id: int | None, text: str) -> bool:
