@@ -307,7 +307,7 @@ async def open_bridge(settings: Settings, stack: contextlib.AsyncExitStack, *,
     if me is None:
         return None
     await store.claim_bot(me.id)  # another bot's state: its message ids would be taken for ours
-    sender = Sender(bot, store)
+    sender = Sender(bot, store, written_before=await store.last_outgoing_id())
     notebook = Notebook(db, store, notebook_config(s))
     rebuilder = Rebuilder(notebook, store, client)
     services = Services.build(settings=s, eve_client=client, store=store, queue=queue, sender=sender,

@@ -13,11 +13,8 @@ a task of its own. A speaker that fails, hangs or prints something that is not O
 voice only — the person has the text — and is said once in the log, per answer. Not durable: a
 crash between the text and the voice loses the voice, never the text.
 
-F13: the speakers run in a bounded pool (:class:`Voices`): at most :data:`SPEAKERS` at once, for
-every chat together, each from its start until its voice went (so the audio in memory is at most
-``SPEAKERS`` × :data:`MAX_VOICE`); the rest wait in a queue of at most :data:`VOICES_WAITING`
-answers (their text only), past which an answer stays text only (logged). A chat's voices are
-made and sent one after another, in the order of their answers, each after its text.
+F13: the speakers run in a bounded pool with a queue (:class:`~.voices.Voices`): a chat's voices
+are made and sent one after another, in the order of their answers, each after its text.
 """
 
 from __future__ import annotations
@@ -27,11 +24,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
 
 from aiogram.types import BufferedInputFile
 
@@ -40,28 +34,16 @@ from ..config import Settings
 from ..errors import BridgeError
 from ..storage.payloads import QueuedMessage, Spoken, decode
 from ..telegram.render import render
-from .transcribe import Pool, _drain, _end, _environment
+from .services import Services
+from .transcribe import _drain, _end, _environment
 
-if TYPE_CHECKING:
-    from .services import Services  # which holds the pool (Voices) defined here
-
-__all__ = ["MAX_VOICE", "SPEAKERS", "VOICES_WAITING", "SpeakFailed", "Speaker", "Voices", "after_answer",
-           "answer_aloud", "spoken_to"]
+__all__ = ["MAX_VOICE", "SpeakFailed", "Speaker", "after_answer", "answer_aloud", "spoken_to"]
 
 logger = log.get("bridge.chat.speak")
 
 MAX_VOICE = 20 * 1024 * 1024  # bytes of audio kept; a longer output is no voice we send
 MAX_TEXT = 20_000  # characters of an answer read aloud
 MAX_STDERR = 2000
-# F13. Speakers at once, all chats: text-to-speech is CPU-bound (espeak-ng and opusenc, or a
-# neural model, take a core each) and the hosts Iva runs on have two; each also holds up to
-# MAX_VOICE of audio until its voice went — 40 MB at most. Two keep the turns' own work
-# (eve's stream, the store) a core while voices are made.
-SPEAKERS = 2
-# Answers waiting for a speaker, all chats: each holds its text only (at most MAX_TEXT
-# characters). 64 is a voice for every one of IVA_MAX_TURNS' 16 turns four times over; more
-# waiting means the speakers cannot keep up, and a voice minutes late is no answer.
-VOICES_WAITING = 64
 
 
 class SpeakFailed(BridgeError):
@@ -117,48 +99,6 @@ class Speaker:
         if not out.startswith(b"OggS"):
             raise SpeakFailed("not_ogg", f"the command printed {len(out)} bytes that are not OGG audio")
         return out
-
-
-class Voices:
-    """The speakers' pool and queue (F13): :data:`SPEAKERS` at once for every chat together, at
-    most :data:`VOICES_WAITING` answers waiting; one chat's voices one after another, in order.
-    ``speaking`` and ``waiting`` say how many now (tests and the log read them)."""
-
-    def __init__(self, speakers: int = SPEAKERS, waiting: int = VOICES_WAITING) -> None:
-        self._pool = Pool(speakers)
-        self._limit = waiting
-        self._chats: dict[str, deque[Callable[[], Awaitable[object]]]] = {}
-
-    @property
-    def speaking(self) -> int:
-        return self._pool.busy
-
-    @property
-    def waiting(self) -> int:
-        return sum(len(jobs) for jobs in self._chats.values())
-
-    def add(self, address: str, job: Callable[[], Awaitable[object]],
-            spawn: Callable[[Coroutine[Any, Any, Any]], object]) -> bool:
-        """Queue ``job`` (making and sending one voice) behind the chat's earlier ones; False
-        when the queue is full (the answer stays text only)."""
-        if self.waiting >= self._limit:
-            return False
-        jobs = self._chats.get(address)
-        if jobs is None:
-            jobs = self._chats[address] = deque()
-            spawn(self._chat(address, jobs))
-        jobs.append(job)
-        return True
-
-    async def _chat(self, address: str, jobs: deque[Callable[[], Awaitable[object]]]) -> None:
-        """One chat's voices, one after another, each when a speaker is free."""
-        try:
-            while jobs:
-                async with self._pool:
-                    await jobs.popleft()()
-        finally:
-            if self._chats.get(address) is jobs:
-                del self._chats[address]
 
 
 async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:

@@ -171,7 +171,7 @@ async def test_speakers_run_in_a_bounded_pool_and_a_chats_voices_come_in_order(t
     speakers run (SPEAKERS), the other two answers wait in the queue — no third process (before:
     one process per answer at once, each holding up to 20 MB). Let go, every voice comes; the
     owner's two come in the order of their answers, each after its text."""
-    from bridge.chat.speak import SPEAKERS
+    from bridge.chat.voices import SPEAKERS
 
     (tmp_path / "speak.py").write_text(GATED)
     (tmp_path / "transcribe.py").write_text(SCRIPT)
