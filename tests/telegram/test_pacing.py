@@ -272,11 +272,11 @@ async def test_a_hung_draft_frame_holds_the_final_only_its_own_timeout(tmp_path:
     await h.start()
     try:
         await tg.message("one two three four [[chunkdelay=0.1]]", user_id=OWNER)
-        await tg.wait_texts(1, OWNER, timeout=10)
-        text = "echo: one two three four"
-        final = next(c.at for c in tg.calls if c.method == "sendMessage")
-        assert tg.texts(OWNER) == [text]
-        assert final - fake_eve.completed_at[text] < 3.0
+        # The frame never answers while this waits: the final comes within this bound only if
+        # the frame was given up at IVA_DRAFT_TIMEOUT, not aiogram's 60 s (a failure bound: no
+        # duration is asserted).
+        await tg.wait_texts(1, OWNER, timeout=40)
+        assert tg.texts(OWNER) == ["echo: one two three four"]
     finally:
         release.set()
         await h.stop()
@@ -408,9 +408,7 @@ async def test_sigterm_with_a_draft_frame_hung_stops_within_systemds_timeout(tg:
     try:
         await tg.message("one two three four five six [[chunkdelay=1]]", user_id=OWNER)
         await tg.wait_for(lambda: tg.in_flight("sendMessageDraft"), 15, "a draft frame in flight")
-        started = time.monotonic()
-        await asyncio.wait_for(daemon.stop(), timeout=25)
-        assert time.monotonic() - started < 15
+        await asyncio.wait_for(daemon.stop(), timeout=25)  # inside TimeoutStopSec=30: the failure bound
     finally:
         release.set()
 
