@@ -109,13 +109,15 @@ class Bridge:
                 return await bot.get_me()
             except (TelegramNetworkError, TelegramServerError) as exc:
                 failures += 1
-                logger.warning("telegram_unreachable_at_start", error=str(exc))
-                await asyncio.sleep(backoff.STARTUP.delay(failures))
+                delay = backoff.STARTUP.delay(failures)
+                logger.warning("telegram_unreachable_at_start", error=str(exc), retry_in=round(delay, 2))
+                await asyncio.sleep(delay)
             except ClientDecodeError as exc:
                 # Not a Bot API user (a proxy, an emulator): say which fields, keep trying.
                 failures += 1
-                logger.error("telegram_getme_undecodable", problem=undecodable(exc))
-                await asyncio.sleep(backoff.STARTUP.delay(failures))
+                delay = backoff.STARTUP.delay(failures)
+                logger.error("telegram_getme_undecodable", problem=undecodable(exc), retry_in=round(delay, 2))
+                await asyncio.sleep(delay)
 
     async def _open_state(self, path: Path) -> OpenedState:
         try:
@@ -307,7 +309,7 @@ async def open_bridge(settings: Settings, stack: contextlib.AsyncExitStack, *,
     if me is None:
         return None
     await store.claim_bot(me.id)  # another bot's state: its message ids would be taken for ours
-    sender = Sender(bot, store)
+    sender = Sender(bot, store, written_before=await store.last_outgoing_id())
     notebook = Notebook(db, store, notebook_config(s))
     rebuilder = Rebuilder(notebook, store, client)
     services = Services.build(settings=s, eve_client=client, store=store, queue=queue, sender=sender,

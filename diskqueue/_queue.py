@@ -11,7 +11,7 @@ import enum
 import json
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,8 +82,11 @@ class Message:
 class DiskQueue:
     """The queue on an open :class:`Database`; compose calls with ``db.transaction()``."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, clock: Callable[[], float] = time.time) -> None:
+        """``clock``: the time written in ``enqueued_at``, ``claimed_at`` and ``finished_at`` (the
+        bridge gives its steady wall time, one a clock step does not move)."""
         self.db = db
+        self.clock = clock
 
     async def migrate(self) -> None:
         """Create the tables; refuse a file written by a newer diskqueue."""
@@ -108,7 +111,7 @@ class DiskQueue:
         rows = await self.db.fetchall(
             "INSERT INTO diskqueue_messages (address, dedupe_key, payload, enqueued_at) "
             "VALUES (?, ?, ?, ?) ON CONFLICT (dedupe_key) DO NOTHING RETURNING id",
-            (address, dedupe_key, json.dumps(payload, ensure_ascii=False, separators=(",", ":")), time.time()),
+            (address, dedupe_key, json.dumps(payload, ensure_ascii=False, separators=(",", ":")), self.clock()),
         )
         return rows[0]["id"] if rows else None
 
@@ -117,7 +120,7 @@ class DiskQueue:
 
         Returns False when the key was seen before: the caller must not act again.
         """
-        now = time.time()
+        now = self.clock()
         rows = await self.db.fetchall(
             "INSERT INTO diskqueue_messages (address, dedupe_key, payload, state, enqueued_at, finished_at) "
             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (dedupe_key) DO NOTHING RETURNING id",
@@ -131,7 +134,7 @@ class DiskQueue:
             "UPDATE diskqueue_messages SET state = ?, claim = ?, claimed_at = ? "
             "WHERE id IN (SELECT id FROM diskqueue_messages WHERE address = ? AND state = ? ORDER BY id LIMIT ?) "
             "RETURNING *",
-            (State.INFLIGHT, claim, time.time(), address, State.QUEUED, limit),
+            (State.INFLIGHT, claim, self.clock(), address, State.QUEUED, limit),
         )
         return sorted((Message.from_row(r) for r in rows), key=lambda m: m.id)
 
@@ -160,7 +163,7 @@ class DiskQueue:
             return 0
         marks = ",".join("?" * len(ids))
         sql = f"UPDATE diskqueue_messages SET state = ?, finished_at = ? WHERE state = ? AND id IN ({marks})"
-        params: list[Any] = [dst, time.time() if dst in (State.DONE, State.DROPPED) else None, src, *ids]
+        params: list[Any] = [dst, self.clock() if dst in (State.DONE, State.DROPPED) else None, src, *ids]
         if claim is not None:
             sql += " AND claim = ?"
             params.append(claim)
@@ -208,7 +211,7 @@ class DiskQueue:
         """Drop every queued message of an address; returns how many."""
         return await self.db.execute(
             "UPDATE diskqueue_messages SET state = ?, finished_at = ? WHERE address = ? AND state = ?",
-            (State.DROPPED, time.time(), address, State.QUEUED),
+            (State.DROPPED, self.clock(), address, State.QUEUED),
         )
 
     async def requeue_inflight(self, address: str | None = None) -> int:
@@ -260,7 +263,7 @@ class DiskQueue:
         return [r["address"] for r in rows]
 
     async def prune(self, *, before: float, limit: int = 500, keep_claims: Sequence[str] = ()) -> int:
-        """Delete at most ``limit`` DONE/DROPPED rows finished before ``before`` (a ``time.time()``),
+        """Delete at most ``limit`` DONE/DROPPED rows finished before ``before`` (a ``self.clock()``),
         lowest id first, except rows under one of ``keep_claims``; returns how many. QUEUED and
         INFLIGHT rows are never touched.
 

@@ -31,6 +31,7 @@ from aiogram.types import User
 from bridge.app import Seams, open_bridge
 from bridge.chat.services import PeriodClock, Services
 from bridge.chat.worker import Scheduler
+from bridge.clock import CLOCK
 from bridge.config import Settings
 from bridge.intake.ingest import Ingest
 from bridge.log import Redactor
@@ -108,7 +109,7 @@ class KillingDatabase(Database):
 
 async def open_store(path: Path, **kwargs: Any) -> tuple[Database, DiskQueue, Store]:
     db = await KillingDatabase(path, **kwargs).open()
-    queue, store = DiskQueue(db), Store(db)
+    queue, store = DiskQueue(db, clock=CLOCK.now), Store(db)  # as bridge/storage/state.py
     await queue.migrate()
     await store.migrate()
     return db, queue, store

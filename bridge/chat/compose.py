@@ -175,15 +175,16 @@ async def _transcribe(bot: Bot, attachment: Attachment, cap: int, transcriber: T
         # Queued under IVA_VOICE=command, composed after a restart under another setting.
         logger.warning("voice_not_transcribed", reason="IVA_VOICE is no longer 'command'", name=attachment.name)
         return None
-    data = await _fetch(bot, attachment, cap)
-    if isinstance(data, str):
-        METRICS.transcriptions.labels(outcome="unfetched").inc()
-        return None
-    try:
-        return await transcriber.transcribe(data, attachment.name)
-    except TranscribeFailed as exc:
-        logger.warning("voice_not_transcribed", reason=str(exc), outcome=exc.outcome, name=attachment.name)
-        return None
+    async with transcriber.slot():  # F13: a slot of the pool, before the recording is in memory
+        data = await _fetch(bot, attachment, cap)
+        if isinstance(data, str):
+            METRICS.transcriptions.labels(outcome="unfetched").inc()
+            return None
+        try:
+            return await transcriber.transcribe(data, attachment.name)
+        except TranscribeFailed as exc:
+            logger.warning("voice_not_transcribed", reason=str(exc), outcome=exc.outcome, name=attachment.name)
+            return None
 
 
 async def _fetch(bot: Bot, attachment: Attachment, cap: int) -> bytes | str:

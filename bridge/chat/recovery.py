@@ -4,7 +4,6 @@ goes to the same consumer from its saved cursor (R2): one procedure for turns an
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 
 import eve_client as eve
@@ -62,7 +61,10 @@ async def resume(s: Services, inbox: Inbox, chat: Chat) -> None:
                 return
             mine = [m for m in inflight if m.claim == chat.claim]
             tried = max((m.attempts for m in mine), default=0)
-            age = time.time() - min((m.enqueued_at for m in mine), default=time.time())
+            # The age on the steady clock (F9): the queue's stamps are steady wall times, and a
+            # step of the wall clock since (or a restart in the same boot) does not age it.
+            first = min((m.enqueued_at for m in mine), default=None)
+            age = 0.0 if first is None else s.transitions.spent(first, limit=s.settings.send_max_age)
             # A cap by attempts or by age, either one (a message eve fails on slowly, each try
             # far apart, must not hold the chat for ever); an outage is never counted (R6).
             if tried >= s.settings.send_attempts or (tried and age >= s.settings.send_max_age):

@@ -20,7 +20,9 @@ from ..telegram.sender import Sender
 from . import parking
 from .media import Media
 from .outbox import Outbox
+from .transcribe import TRANSCRIBERS, Pool
 from .transitions import Transitions
+from .voices import Voices
 
 __all__ = ["CompactRequests", "ContextWindow", "PeriodClock", "Services", "Slot"]
 
@@ -138,6 +140,9 @@ class Services:
     # encoded and sent): the bridge's memory stays bounded however many albums arrive.
     files: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(FILE_TURNS))
     media: Media = field(default_factory=Media)  # a turn's parts and transcripts, kept until eve has it
+    voices: Voices = field(default_factory=Voices)  # the speakers' pool and queue (F13, voices.py)
+    # Transcribers at once, all chats (F13, transcribe.py): the slot covers a recording's download too.
+    hearing: Pool = field(default_factory=lambda: Pool(TRANSCRIBERS))
     clock: PeriodClock = field(default_factory=PeriodClock)  # the busy periods' time
 
     def threshold(self) -> int:

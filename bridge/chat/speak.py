@@ -12,6 +12,9 @@ Off by default. It never holds the turn: the text goes first, as always; the voi
 a task of its own. A speaker that fails, hangs or prints something that is not OGG costs the
 voice only — the person has the text — and is said once in the log, per answer. Not durable: a
 crash between the text and the voice loses the voice, never the text.
+
+F13: the speakers run in a bounded pool with a queue (:class:`~.voices.Voices`): a chat's voices
+are made and sent one after another, in the order of their answers, each after its text.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 
 from aiogram.types import BufferedInputFile
 
@@ -121,14 +125,16 @@ def spoken_to(messages: list[QueuedMessage]) -> QueuedMessage | None:
 async def after_answer(s: Services, address: str, chat_id: int, thread_id: int | None, text: str) -> None:
     """Called by the turn's consumer once an answer's text is on its way: when a speaker is set
     and the turn answers a voice message (read now, while the turn's messages are in flight),
-    the voice is made and sent by a task of its own — the turn never waits for it."""
+    the voice is queued in the speakers' pool (F13), behind the chat's earlier voices — the turn
+    never waits for it."""
     speaker = Speaker.from_settings(s.settings)
     if speaker is None:
         return
     turn = [m for m in (decode(r.payload) for r in await s.queue.inflight(address)) if isinstance(m, QueuedMessage)]
     if spoken_to(turn) is None:
         return
-    s.spawn(answer_aloud(s, speaker, chat_id, thread_id, text))
+    if not s.voices.add(address, partial(answer_aloud, s, speaker, chat_id, thread_id, text), s.spawn):
+        logger.warning("voice_answer_failed", outcome="queue_full", waiting=s.voices.waiting, fallback="text only")
 
 
 async def answer_aloud(s: Services, speaker: Speaker, chat_id: int, thread_id: int | None, text: str) -> bool:

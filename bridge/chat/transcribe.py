@@ -8,6 +8,11 @@ session of its own, so when it is done, out of time or cancelled, its whole proc
 killed — a helper it started cannot outlive it. It gets the bridge's environment without the
 ``IVA_*`` settings (the bot token is not its business) and without systemd's notify and
 watchdog variables (the bridge alone speaks to systemd).
+
+F13: the transcribers run in a bounded pool, :data:`TRANSCRIBERS` at once for every chat
+together (``Services.hearing``, passed in as ``pool``); a recording waits for its slot before it
+is downloaded (:meth:`Transcriber.slot`), so one waiting holds nothing. The queue is the turns
+themselves: at most ``IVA_MAX_TURNS`` (and a steer each) wait for a slot.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import signal
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
 from pathlib import PurePath
 
 from .. import log
@@ -29,15 +35,42 @@ from ..config import Settings
 from ..errors import BridgeError
 from ..metrics import METRICS
 
-__all__ = ["TranscribeFailed", "Transcriber"]
+__all__ = ["TRANSCRIBERS", "Pool", "TranscribeFailed", "Transcriber"]
 
 logger = log.get("bridge.chat.transcribe")
 
 MAX_TRANSCRIPT = 256 * 1024  # bytes of standard output kept (hours of speech); the rest is read and dropped
 MAX_STDERR = 2000  # the tail of standard error kept for the log
 REAP_SECONDS = 5.0  # after SIGKILL, how long the command may take to be gone
+# F13. Transcriptions at once, all chats: speech recognition is CPU-bound (whisper.cpp and its
+# kind take every core they are given) and the hosts Iva runs on have two; each also holds its
+# recording (up to IVA_MAX_FILE_MB) and the command's own memory. Sixteen at once (one per turn
+# slot) made every transcription sixteen times slower and held sixteen recordings.
+TRANSCRIBERS = 2
 _CHUNK = 64 * 1024
 _HIDDEN = ("NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC")
+
+
+class Pool:
+    """A bounded pool's slots (F13), taken first come, first served: ``busy`` are held now,
+    ``waiting`` wait for one."""
+
+    def __init__(self, size: int) -> None:
+        self._slots = asyncio.Semaphore(size)
+        self.busy = 0
+        self.waiting = 0
+
+    async def __aenter__(self) -> None:
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+        self.busy += 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.busy -= 1
+        self._slots.release()
 
 
 class TranscribeFailed(BridgeError):
@@ -52,13 +85,18 @@ class TranscribeFailed(BridgeError):
 class Transcriber:
     argv: tuple[str, ...]
     timeout: float
+    pool: Pool | None = field(default=None, compare=False)  # F13: the slots (None: unbounded)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Transcriber | None:
+    def from_settings(cls, settings: Settings, pool: Pool | None = None) -> Transcriber | None:
         """The transcriber of ``IVA_VOICE=command``; None under any other setting."""
         if settings.voice != "command" or not settings.transcribe_cmd:
             return None
-        return cls(settings.transcribe_cmd, settings.transcribe_timeout)
+        return cls(settings.transcribe_cmd, settings.transcribe_timeout, pool)
+
+    def slot(self) -> AbstractAsyncContextManager[None]:
+        """One of the pool's slots, held for a recording's download and its transcription (F13)."""
+        return self.pool if self.pool is not None else contextlib.nullcontext()
 
     async def transcribe(self, data: bytes, name: str) -> str:
         """The transcript of the recording ``data`` (``name`` gives the file its suffix only);

@@ -19,6 +19,7 @@ from pathlib import Path
 from diskqueue import Database, DatabaseError, DiskQueue
 
 from .. import backoff, log
+from ..clock import CLOCK
 from ..errors import BridgeError
 from .store import Store
 
@@ -65,7 +66,7 @@ async def _open(path: Path, busy_timeout_ms: int) -> tuple[Database, DiskQueue, 
         problems = await db.integrity_check()
         if problems:
             raise _Corrupt("; ".join(problems[:3]))
-        queue, store = DiskQueue(db), Store(db)
+        queue, store = DiskQueue(db, clock=CLOCK.now), Store(db)  # F9: stamps a clock step does not move
         await queue.migrate()
         await store.migrate()
     except BaseException:

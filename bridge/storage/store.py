@@ -579,6 +579,12 @@ class Store:
         )
         return bool(rows)
 
+    async def last_outgoing_id(self) -> int:
+        """The newest outbox row's id (0: none). Ids only grow (AUTOINCREMENT): a row with a
+        larger id was written after this was read."""
+        row = await self.db.fetchone("SELECT coalesce(max(id), 0) FROM outbox")
+        return int(row[0]) if row else 0
+
     async def pending_outgoing(self, address: str) -> list[Outgoing]:
         rows = await self.db.fetchall(
             "SELECT * FROM outbox WHERE address = ? AND state = 'pending' ORDER BY id", (address,)

@@ -23,7 +23,9 @@ typing and reactions all pass here, shared by every chat:
 
 A 429 holds its chat for ``retry_after`` (every call to it waits or is skipped; the other chats
 go on). When several chats are told to wait at once, the limit hit is the global one: the global
-budget runs at half speed for a while. The caller decides what a 429 costs: a message is sent
+budget runs at half speed for a while — the same bucket, its rate changed in place, so the
+messages already waiting in it go at the new pace too (a fresh bucket beside it would let a
+burst through while they drained the old one). The caller decides what a 429 costs: a message is sent
 again (it waits out the hold here), a draft frame is dropped.
 """
 
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
 
     from ..config import Settings
 
-__all__ = ["Budget", "Paced", "Pacer", "kind_of", "pacer_of"]
+__all__ = ["Bucket", "Budget", "Paced", "Pacer", "kind_of", "pacer_of"]
 
 logger = log.get("bridge.pacing")
 
@@ -119,7 +121,7 @@ class Budget:
         per_second = max(self.group_per_minute - burst, 1.0) / 60 / 1.05
         return AsyncLimiter(burst, burst / per_second)
 
-    def global_limiter(self, *, slow: bool = False) -> AsyncLimiter:
+    def global_limiter(self) -> Bucket:
         """One message every 1/rate seconds, with half a message of slack. A leaky bucket of size
         b and rate r passes at most ⌊b + r⌋ in any second: 29 at the default for any b < 2, under
         Telegram's 30 with one to spare for the network. The half message is what keeps the rate:
@@ -128,8 +130,27 @@ class Budget:
         benchmark machine delivered 24/s of 28, 1.27× the 30/s floor), while a bucket of 1.5 takes
         it up to half a slot (18 ms) each time (28/s, 1.07–1.11×; docs/benchmarks.md, "Pacing, benchmark 1 again"). A
         bucket of 2 passes 30 in a second and its pairs bunch: 1 to 17 429s of 600 there."""
-        rate = self.rate / 2 if slow else self.rate
-        return AsyncLimiter(GLOBAL_BURST, GLOBAL_BURST / rate)
+        return Bucket(GLOBAL_BURST, GLOBAL_BURST / self.rate)
+
+
+class Bucket(AsyncLimiter):
+    """aiolimiter's leaky bucket whose rate may change while messages wait in it (the global
+    budget's slow-down after a 429 storm): what leaked until now leaked at the old rate, and the next
+    waiter is woken at the new one. aiolimiter has no public setter; this keeps to its
+    ``_leak``/``_wake_next`` contract (1.3), which ``test_pacing.py`` holds to."""
+
+    __slots__ = ()
+
+    @property
+    def rate(self) -> float:
+        """Messages a second the bucket lets through now."""
+        return self._rate_per_sec
+
+    def pace(self, rate: float) -> None:
+        self._leak()  # the level as of now, at the old rate
+        self.time_period = self.max_rate / rate
+        self._rate_per_sec = rate
+        self._wake_next()  # the first waiter's wake-up, rescheduled at the new rate
 
 
 class _Chat:
@@ -235,12 +256,19 @@ class Pacer(BaseRequestMiddleware):
         finally:
             self._waiting_global -= 1
 
-    def _current_global(self) -> AsyncLimiter:
+    def _current_global(self) -> Bucket:
+        """The one global bucket, at full speed again once a slow-down is over (in place: the
+        messages waiting in it are paced by it either way)."""
         if self._slow_until is not None and self.clock() >= self._slow_until:
             self._slow_until = None
-            self._global = self.budget.global_limiter()
+            self._global.pace(self.budget.rate)
             logger.info("send_pace_restored", rate=self.budget.rate)
         return self._global
+
+    @property
+    def global_rate(self) -> float:
+        """Messages a second the global budget lets through now (halved during a slow-down)."""
+        return self._current_global().rate
 
     async def light_turn(self, kind: Kind, chat_id: int | str) -> None:
         """A draft frame or typing: now, or :class:`Paced` (it never queues for a budget)."""
@@ -266,7 +294,7 @@ class Pacer(BaseRequestMiddleware):
             chat.last_typing = self.clock()
         await limiter.acquire()  # has capacity: never waits
 
-    async def _free_soon(self, limiter: AsyncLimiter, kind: Kind) -> bool:
+    async def _free_soon(self, limiter: Bucket, kind: Kind) -> bool:
         """The global budget has room now — or, for a draft, within one slot (1/rate) while no
         message waits for it. The draft does not join the budget's queue meanwhile: a message
         that comes in that slot goes first, and the draft is skipped."""
@@ -275,7 +303,7 @@ class Pacer(BaseRequestMiddleware):
         if kind != "draft":
             return False
         await asyncio.sleep(1 / self.budget.rate)
-        return not self._waiting_global and limiter is self._global and limiter.has_capacity()
+        return not self._waiting_global and limiter.has_capacity()
 
     # -- 429 ------------------------------------------------------------------------------------
 
@@ -293,7 +321,7 @@ class Pacer(BaseRequestMiddleware):
             self._told.popleft()
         if len({c for _, c in self._told}) >= TOLD_AT_ONCE and self._slow_until is None:
             self._slow_until = now + max(SLOW_FOR, seconds)
-            self._global = self.budget.global_limiter(slow=True)
+            self._global.pace(self.budget.rate / 2)
             METRICS.pacer_slowdowns.inc()
             logger.warning("send_pace_halved", chats=len({c for _, c in self._told}), seconds=SLOW_FOR)
 

@@ -9,7 +9,6 @@ back to plain text for that chunk; a blocked bot or a vanished chat raises :clas
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping, Sequence
 
 from aiogram import Bot
@@ -93,11 +92,15 @@ def _keyboard(rows: Sequence[Sequence[Mapping[str, str]]] | None) -> InlineKeybo
 
 
 class Sender:
-    def __init__(self, bot: Bot, store: Store) -> None:
+    def __init__(self, bot: Bot, store: Store, *, written_before: int) -> None:
+        """``written_before``: the outbox's last id when this process started (the store's
+        :meth:`~bridge.storage.store.Store.last_outgoing_id`): a row up to it was pending when the
+        last process ended. No clock decides it — a wall clock stepped back made every new reply
+        look older than the start, each labelled "may repeat" and written once more."""
         self.bot = bot
         self.store = store
         self._unrecorded: dict[int, tuple[int, list[int]]] = {}  # outbox id → parts Telegram has
-        self.started = time.time()
+        self.written_before = written_before
         self._labelled: set[int] = set()
 
     async def deliver(self, out: Outgoing) -> None:
@@ -111,7 +114,7 @@ class Sender:
                         key=lambda progress: progress[0])
         ids = list(ids)
         chat_id = out.chat_id
-        if out.created_at < self.started and out.id not in self._labelled:
+        if out.id <= self.written_before and out.id not in self._labelled:
             # Pending when the last process ended: if it died between Telegram's answer and the
             # record, this part goes twice — the one duplicate window, labelled, never silent.
             # Only after a write succeeded: on a disk still full it is not sent at all.

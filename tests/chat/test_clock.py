@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import structlog
 
 from bridge.clock import Clock
 from bridge.storage.retention import DAY, prune
@@ -113,3 +114,51 @@ async def test_a_forward_step_does_not_prune_fresh_dedupe_marks(tmp_path: Path, 
             assert not await queue.remember("1", {"kind": "refused"}, dedupe_key="tg:1:1")  # still a duplicate
     finally:
         await db.close()
+
+
+async def test_a_backward_step_labels_no_new_reply_may_repeat(harness: Harness, tg: FakeTelegram,
+                                                              monkeypatch: pytest.MonkeyPatch):
+    """The wall clock steps back an hour: a reply written after it is this process's own, sent
+    once without the "may repeat" label and without the extra write of a row pending since
+    before the start (before: every new reply looked older than the start — `reply_sent_after_
+    restart` and a write each). What was pending before the start is told by the row's id."""
+    Stepped(monkeypatch).step = -HOUR
+    with structlog.testing.capture_logs() as logs:
+        await tg.message("hello", user_id=OWNER)
+        await harness.settled()
+    assert tg.texts() == ["echo: hello"]
+    assert [e for e in logs if e["event"] == "reply_sent_after_restart"] == []
+
+
+async def test_a_forward_step_does_not_give_up_a_message_eve_failed_on_once(harness: Harness, tg: FakeTelegram,
+                                                                           fake_eve: FakeEve,
+                                                                           monkeypatch: pytest.MonkeyPatch):
+    """F6 by age against F9: eve fails on a message once, then the wall clock steps two hours
+    forward: the message is not an hour old — it is tried again and answered (before: its age
+    read on the wall clock, given up after one failure, the person told it failed)."""
+    wall = Stepped(monkeypatch)
+    fake_eve.failing_texts = {"flaky"}
+    await tg.message("flaky", user_id=OWNER)
+    await harness.until(lambda: fake_eve.failed_sends >= 1, 60, "the first failed send")
+    wall.step = 2 * HOUR
+    await harness.until(lambda: fake_eve.failed_sends >= 2 or tg.texts(), 60, "a second try, or an answer")
+    fake_eve.failing_texts = set()
+    await harness.settled(60)
+    assert tg.texts() == ["echo: flaky"]
+
+
+async def test_a_message_queued_while_the_clock_was_behind_is_not_aged_by_the_correction(
+        harness: Harness, tg: FakeTelegram, fake_eve: FakeEve, monkeypatch: pytest.MonkeyPatch):
+    """The other way round: the wall clock is two hours behind when a message comes, eve fails on
+    it once, and NTP corrects the clock: the queue's stamp is on the steady clock, so the
+    correction does not age the message either (before: its `enqueued_at` two hours back)."""
+    wall = Stepped(monkeypatch)
+    wall.step = -2 * HOUR
+    fake_eve.failing_texts = {"flaky"}
+    await tg.message("flaky", user_id=OWNER)
+    await harness.until(lambda: fake_eve.failed_sends >= 1, 60, "the first failed send")
+    wall.step = 0.0
+    await harness.until(lambda: fake_eve.failed_sends >= 2 or tg.texts(), 60, "a second try, or an answer")
+    fake_eve.failing_texts = set()
+    await harness.settled(60)
+    assert tg.texts() == ["echo: flaky"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import shlex
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -302,3 +303,53 @@ async def test_the_transcript_is_bounded_and_a_vanished_program_is_a_failure(tmp
     with pytest.raises(TranscribeFailed) as failed:
         await Transcriber((str(tmp_path / "gone"),), timeout=30).transcribe(OGG, "voice-1.ogg")
     assert failed.value.outcome == "failed" and "could not start" in str(failed.value)
+
+
+HELD = r'''
+import json, os, sys, time
+record, gate = sys.argv[1], sys.argv[2]
+with open(record, "a") as out:
+    out.write(json.dumps({"event": "start", "pid": os.getpid()}) + "\n")
+for _ in range(6000):  # until the test opens the gate (at most 120 s)
+    if os.path.exists(gate):
+        break
+    time.sleep(0.02)
+with open(record, "a") as out:
+    out.write(json.dumps({"event": "end", "pid": os.getpid()}) + "\n")
+print("hello from the recording")
+'''
+
+
+async def test_transcribers_run_in_a_bounded_pool(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
+    """F13: four chats send a recording at once, the transcriber held until the test lets it go:
+    two transcribe (TRANSCRIBERS), the other two wait for a slot without their recording
+    downloaded — no third process (before: one per turn slot, sixteen at once). Let go, all four
+    are answered with their transcripts."""
+    from bridge.chat.transcribe import TRANSCRIBERS
+
+    users = [OWNER, FRIEND, 3, 4]
+    (tmp_path / "held.py").write_text(HELD)
+    record, gate = tmp_path / "heard.jsonl", tmp_path / "go"
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_VOICE="command", IVA_ALLOWED_USER_IDS="2,3,4",
+                IVA_TRANSCRIBE_CMD=shlex.join([sys.executable, str(tmp_path / "held.py"), str(record), str(gate)]))
+    await h.start()
+    try:
+        for user in users:
+            tg.files[f"v{user}"] = OGG
+            await tg.message(None, user_id=user, extra=voice(f"v{user}", OGG))
+        starts = lambda: [r for r in records(record) if r["event"] == "start"]  # noqa: E731
+        await h.until(lambda: h.s.hearing.busy == TRANSCRIBERS == len(starts()) and h.s.hearing.waiting == 2, 60,
+                      "two transcribing, two waiting")
+        assert len(starts()) == TRANSCRIBERS == 2
+        assert len(tg.calls_of("getFile")) == 2  # a waiting recording is not in memory yet
+        gate.touch()
+        await h.settled(60)
+        assert all(TRANSCRIPT in " ".join(tg.texts(user)) for user in users), [tg.texts(u) for u in users]
+        running, most = 0, 0
+        for entry in records(record):
+            running += 1 if entry["event"] == "start" else -1
+            most = max(most, running)
+        assert most == TRANSCRIBERS
+    finally:
+        gate.touch()
+        await h.stop()

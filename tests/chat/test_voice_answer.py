@@ -23,7 +23,7 @@ from bridge.chat.speak import Speaker, SpeakFailed
 from bridge.config import ConfigError, Settings
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import TOKEN, FakeTelegram
-from tests.harness import OWNER, Harness
+from tests.harness import FRIEND, OWNER, Harness
 from tests.scenarios import OGG, SCRIPT, alive, voice
 
 SPEAKER = r'''
@@ -146,3 +146,66 @@ async def test_the_documented_speaker_makes_ogg_opus(tmp_path: Path):
     script.chmod(0o755)
     audio = await Speaker((str(script), "en"), 30).speak("Hello. This is Iva, answering aloud.")
     assert audio.startswith(b"OggS") and b"OpusHead" in audio[:200] and len(audio) > 1000
+
+
+GATED = r'''
+import json, os, sys, time
+record, gate = sys.argv[1], sys.argv[2]
+text = sys.stdin.read()
+with open(record, "a") as out:
+    out.write(json.dumps({"event": "start", "text": text}) + "\n")
+for _ in range(6000):  # until the test opens the gate (at most 120 s)
+    if os.path.exists(gate):
+        break
+    time.sleep(0.02)
+with open(record, "a") as out:
+    out.write(json.dumps({"event": "end", "text": text}) + "\n")
+sys.stdout.buffer.write(b"OggS\x00\x02" + text.encode())
+'''
+THIRD = 3
+
+
+async def test_speakers_run_in_a_bounded_pool_and_a_chats_voices_come_in_order(tmp_path: Path, tg: FakeTelegram,
+                                                                                fake_eve: FakeEve):
+    """F13: four voice answers in three chats, the speaker held until the test lets it go: two
+    speakers run (SPEAKERS), the other two answers wait in the queue — no third process (before:
+    one process per answer at once, each holding up to 20 MB). Let go, every voice comes; the
+    owner's two come in the order of their answers, each after its text."""
+    from bridge.chat.voices import SPEAKERS
+
+    (tmp_path / "speak.py").write_text(GATED)
+    (tmp_path / "transcribe.py").write_text(SCRIPT)
+    record, gate = tmp_path / "speak.jsonl", tmp_path / "go"
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_VOICE="command", IVA_ALLOWED_USER_IDS=f"{FRIEND},{THIRD}",
+                IVA_TRANSCRIBE_CMD=shlex.join([sys.executable, str(tmp_path / "transcribe.py"), "ok",
+                                               str(tmp_path / "heard.jsonl")]),
+                IVA_SPEAK_CMD=shlex.join([sys.executable, str(tmp_path / "speak.py"), str(record), str(gate)]))
+    await h.start()
+    try:
+        for n, (user, caption) in enumerate([(OWNER, "one"), (FRIEND, "three"), (THIRD, "four")]):
+            tg.files[f"v{n}"] = OGG
+            await tg.message(None, user_id=user, extra=voice(f"v{n}", OGG, caption=caption))
+        await h.until(lambda: all(tg.texts(u) for u in (OWNER, FRIEND, THIRD)), 60, "the three answers' texts")
+        tg.files["v3"] = OGG
+        await tg.message(None, user_id=OWNER, extra=voice("v3", OGG, caption="two"))  # a turn of its own
+        await h.until(lambda: len(tg.texts(OWNER)) == 2, 60, "the owner's second answer's text")
+        starts = lambda: [r for r in records(record) if r["event"] == "start"]  # noqa: E731
+        await h.until(lambda: h.s.voices.speaking == SPEAKERS == len(starts()) and h.s.voices.waiting == 2, 60,
+                      "two speakers running, two answers waiting")
+        assert len(starts()) == SPEAKERS == 2 and tg.voices() == []
+        gate.touch()
+        await h.until(lambda: len(tg.voices()) == 4, 60, "every voice")
+        running, most = 0, 0
+        for entry in records(record):
+            running += 1 if entry["event"] == "start" else -1
+            most = max(most, running)
+        assert most == SPEAKERS
+        owner = [c for c in tg.calls if c.params.get("chat_id") == OWNER and c.method in ("sendMessage", "sendVoice")
+                 and c.params.get("_ok", True)]
+        said = [("text" if c.method == "sendMessage" else "voice", "one" if "one" in str(c.params) else "two")
+                for c in owner]
+        assert [what for kind, what in said if kind == "voice"] == ["one", "two"], said  # in order
+        assert all(said.index(("text", what)) < said.index(("voice", what)) for what in ("one", "two")), said
+    finally:
+        gate.touch()
+        await h.stop()

@@ -37,7 +37,12 @@ async def test_iva_refuses_to_start_off_loopback_without_the_token(tg, fake_eve)
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bridge", "run", cwd=ROOT, env=env,
                                                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.STDOUT)
-    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)  # a failure bound: a loaded machine imports slowly
+    finally:
+        if proc.returncode is None:  # failed: nothing of it may outlive the test (its transport neither)
+            proc.kill()
+            await proc.wait()
     assert proc.returncode == 2, out
     [line] = [x for x in out.decode().splitlines() if "IVA_MCP_TOKEN" in x]
     assert "IVA_API_LISTEN=0.0.0.0:" in line and "is not loopback" in line and "NOTEBOOK_MCP_TOKEN" in line

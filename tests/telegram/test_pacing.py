@@ -13,10 +13,10 @@ import itertools
 import time
 from pathlib import Path
 
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from bridge.metrics import METRICS
-from bridge.telegram.pacing import Budget, Paced, Pacer, pacer_of
+from bridge.telegram.pacing import SLOW_FOR, Budget, Paced, Pacer, pacer_of
 from tests.fakes.clock import FakeClock
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import BOT_USERNAME, PACED, FakeTelegram, FloodLimits
@@ -272,11 +272,11 @@ async def test_a_hung_draft_frame_holds_the_final_only_its_own_timeout(tmp_path:
     await h.start()
     try:
         await tg.message("one two three four [[chunkdelay=0.1]]", user_id=OWNER)
-        await tg.wait_texts(1, OWNER, timeout=10)
-        text = "echo: one two three four"
-        final = next(c.at for c in tg.calls if c.method == "sendMessage")
-        assert tg.texts(OWNER) == [text]
-        assert final - fake_eve.completed_at[text] < 3.0
+        # The frame never answers while this waits: the final comes within this bound only if
+        # the frame was given up at IVA_DRAFT_TIMEOUT, not aiogram's 60 s (a failure bound: no
+        # duration is asserted).
+        await tg.wait_texts(1, OWNER, timeout=40)
+        assert tg.texts(OWNER) == ["echo: one two three four"]
     finally:
         release.set()
         await h.stop()
@@ -299,28 +299,62 @@ async def test_typing_is_never_sent_twice_within_its_5_s(tmp_path: Path, tg: Fak
 
 async def test_several_chats_told_at_once_slow_the_global_budget():
     """Q4: one chat's 429 holds that chat only; three chats told within a second mean the global
-    limit was hit, and the global budget runs at half speed for a while."""
-    pacer = Pacer(Budget(rate=100))
+    limit was hit, and the global budget runs at half speed for a while (on the pacer's clock),
+    then at full speed again."""
+    clock = FakeClock()
+    pacer = Pacer(Budget(rate=100), clock=clock)
     pacer.told_to_wait(1, 5)
     assert pacer.held_for(1) > 4 and pacer.held_for(2) == 0
-
-    async def forty() -> float:
-        started = time.monotonic()
-        for chat in range(10, 50):
-            await pacer.message_turn(chat)
-        return time.monotonic() - started
-
-    fast = await forty()  # 2 at once, then 38 at 100 a second
+    assert pacer.global_rate == 100
     pacer.told_to_wait(2, 1)
     pacer.told_to_wait(3, 1)
-    slow = await forty()  # at 50 a second
-    assert slow >= 38 / 50 * 0.95 and fast < 0.6, (fast, slow)
+    assert pacer.global_rate == 50
+    await clock.advance(SLOW_FOR - 1)
+    assert pacer.global_rate == 50
+    await clock.advance(1)
+    assert pacer.global_rate == 100
+
+
+async def test_a_slow_down_lets_no_message_past_those_already_waiting():
+    """Q1 (issue 34): the slow-down changes the one global bucket's rate in place.
+    Messages wait in the bucket when three chats are told to wait; a message that comes right
+    after waits behind them (before: the slow-down swapped in a fresh, empty bucket, and the
+    newcomer went at once while the waiting ones drained the old one — a burst over the global
+    rate right after Telegram said it was hit). A slow rate (one message every ten seconds) keeps
+    the waiting ones waiting however busy the machine is; nothing here waits for a slot."""
+    clock = FakeClock()
+    pacer = Pacer(Budget(rate=0.1), clock=clock)
+    went: list[int] = []
+
+    async def message(chat: int) -> None:
+        await pacer.message_turn(chat)
+        went.append(chat)
+
+    tasks = [asyncio.create_task(message(chat)) for chat in range(10, 15)]
+    try:
+        for _ in range(20):  # each task's first step: one through, the rest into the bucket's queue
+            await asyncio.sleep(0)
+        assert went == [10] and pacer.waiting == 4  # the bucket's one slot taken, the rest waiting in it
+        for chat in (1, 2, 3):
+            pacer.told_to_wait(chat, 1)
+        assert pacer.global_rate == 0.05
+        tasks.append(asyncio.create_task(message(99)))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert went == [10] and pacer.waiting == 5, went
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def test_metrics_show_the_pacer(tmp_path: Path, tg_limited: FakeTelegram, fake_eve: FakeEve):
-    """/metrics: the pacer's queue depth, its waits and the flood waits Telegram asked for."""
+    """/metrics: the pacer's queue depth, its waits and the flood waits Telegram asked for. The
+    five parts are five observed waits, and the chat's burst of three makes the fourth wait at
+    all (how long is the machine's business: no duration is asserted)."""
     scripted(fake_eve, {"c100": 5})
     before = METRICS.pacer_wait._sum.get()  # type: ignore[attr-defined]
+    count = _observed(METRICS.registry)
     h = paced(tmp_path, tg_limited, fake_eve)
     await h.start()
     try:
@@ -329,9 +363,15 @@ async def test_metrics_show_the_pacer(tmp_path: Path, tg_limited: FakeTelegram, 
         text = generate_latest(METRICS.registry).decode()
         assert "iva_pacer_queue_depth 0.0" in text
         assert "iva_pacer_wait_seconds_count" in text and "iva_pacer_flood_waits_total" in text
-        assert METRICS.pacer_wait._sum.get() - before >= 1.5  # type: ignore[attr-defined]  # parts 4, 5
+        assert _observed(METRICS.registry) - count >= 5
+        assert METRICS.pacer_wait._sum.get() > before  # type: ignore[attr-defined]  # parts 4, 5 waited
     finally:
         await h.stop()
+
+
+def _observed(registry: CollectorRegistry) -> float:
+    """How many waits ``iva_pacer_wait_seconds`` has observed."""
+    return registry.get_sample_value("iva_pacer_wait_seconds_count") or 0.0
 
 
 async def test_the_pacer_is_on_every_bot():
@@ -368,9 +408,7 @@ async def test_sigterm_with_a_draft_frame_hung_stops_within_systemds_timeout(tg:
     try:
         await tg.message("one two three four five six [[chunkdelay=1]]", user_id=OWNER)
         await tg.wait_for(lambda: tg.in_flight("sendMessageDraft"), 15, "a draft frame in flight")
-        started = time.monotonic()
-        await asyncio.wait_for(daemon.stop(), timeout=25)
-        assert time.monotonic() - started < 15
+        await asyncio.wait_for(daemon.stop(), timeout=25)  # inside TimeoutStopSec=30: the failure bound
     finally:
         release.set()
 
