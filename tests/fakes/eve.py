@@ -23,6 +23,17 @@ of the MCP server at ``mcp_url``: a fresh ``tools/list`` with the session header
 gets eve's "no tool named" error). Results land in ``mcp_results``. ``reply_for(text)`` may
 script the reply to a message (the notebook rebuild's throwaway session). ``clientContext``
 counts in the estimated input tokens, as on eve (§12).
+
+``FakeEve(stream_version=27)`` speaks eve 1.0.1 instead (PROTOCOL-27.md; the default is still 26).
+The agent is the same; the session's v26 event log (``session.events``, v26-shaped in both modes) is
+read through :class:`Projection` into v27 lines for ``/stream`` (``fake.lines(session_id)`` gives
+them). The routes take v27 bodies (strict fields, ``answers``, ``idempotencyKey``, ``/end``) and
+answer with ``deliveryId``s. Knobs: ``heartbeat_seconds``, ``lease_seconds``,
+``stream_version_header`` (claim another version), ``strand(session_id)``; ``responses`` and
+``refused()`` list every answer's status. Not like eve 1.0.1: no ``response.submitted``/``admitted``/
+``settled`` facts around an answer, ``at`` has whole seconds, a steer's ``delivery.admitted`` comes
+before the interrupted run's ``model.settled``, a summary's usage is an estimate, and the
+``/info`` ``eveVersion`` sits at the top level (where 1.0.1 puts it is not recorded).
 """
 
 from __future__ import annotations
@@ -143,6 +154,7 @@ class Projection:
         self._cancel: str | None = None  # a cancel that will end the running turn (its deliveryId)
         self._change: dict[str, Any] | None = None  # the open compaction
         self._open: list[str] = []  # open interactions
+        self._calls: set[str] = set()  # callIds with a call.requested
 
     def update(self, events: list[dict[str, Any]], notes: list[tuple[int, dict[str, Any]]]) -> None:
         while True:
@@ -288,6 +300,7 @@ class Projection:
         presentation = data.get("presentation") or {}
         for action in data.get("actions") or []:
             capability = {"kind": "tool", "name": action.get("toolName")}
+            self._calls.add(str(action.get("callId")))
             label = (presentation.get(action.get("callId")) or {}).get("label")
             if label:
                 capability["label"] = label
@@ -314,6 +327,8 @@ class Projection:
                 id_, label = _OPTIONS.get(option.get("id"), (option.get("id"), option.get("label")))
                 options.append({"id": id_, "label": label})
             action = req.get("action") or {}
+            if kind == "question" and action.get("callId") in self._calls:
+                self._line(at, _fact("call.started", {"callId": action["callId"]}, self._turn_scope()))  # a workflow tool
             subject = {"turnId": self._turn} if kind == "budget" or not action.get("callId") else {"callId": action["callId"]}
             interaction = str(req.get("requestId"))
             self._open.append(interaction)
