@@ -23,6 +23,17 @@ of the MCP server at ``mcp_url``: a fresh ``tools/list`` with the session header
 gets eve's "no tool named" error). Results land in ``mcp_results``. ``reply_for(text)`` may
 script the reply to a message (the notebook rebuild's throwaway session). ``clientContext``
 counts in the estimated input tokens, as on eve (§12).
+
+``FakeEve(stream_version=27)`` speaks eve 1.0.1 instead (PROTOCOL-27.md; the default is still 26).
+The agent is the same; the session's v26 event log (``session.events``, v26-shaped in both modes) is
+read through :class:`Projection` into v27 lines for ``/stream`` (``fake.lines(session_id)`` gives
+them). The routes take v27 bodies (strict fields, ``answers``, ``idempotencyKey``, ``/end``) and
+answer with ``deliveryId``s. Knobs: ``heartbeat_seconds``, ``lease_seconds``,
+``stream_version_header`` (claim another version), ``strand(session_id)``; ``responses`` and
+``refused()`` list every answer's status. Not like eve 1.0.1: no ``response.submitted``/``admitted``/
+``settled`` facts around an answer, ``at`` has whole seconds, a steer's ``delivery.admitted`` comes
+before the interrupted run's ``model.settled``, a summary's usage is an estimate, and the
+``/info`` ``eveVersion`` sits at the top level (where 1.0.1 puts it is not recorded).
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import math
 import re
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +54,11 @@ from aiohttp.client_exceptions import ClientConnectionResetError
 
 _MARKER = re.compile(r"\[\[(\w+)(?:=([^\]]*))?\]\]")
 _MCP = re.compile(r"\[\[mcp=(\w+) (\{[^\]]*\})\]\]")
+_CREATE_FIELDS = ("message", "clientContext", "outputSchema", "operationId", "callback", "protocolVersion",
+                  "capabilities", "stubs", "forwardedPrincipal")
+_SEND_FIELDS = ("inbox", "message", "answers", "clientContext", "outputSchema", "turnPolicy", "callback",
+                "forwardedPrincipal", "idempotencyKey")
+_HEARTBEAT = b'{"$eve":"heartbeat"}\n'
 
 
 def _markers(text: str) -> tuple[str, dict[str, str]]:
@@ -73,6 +90,373 @@ def _parts(message: Any) -> list[dict[str, Any]]:
         else:
             out.append({"text": p.get("text", ""), "type": "text"})
     return out
+
+
+# -- stream version 27 --------------------------------------------------------------------------
+
+EVE_VERSION_26 = "0.80.1"
+EVE_VERSION_27 = "1.0.1"
+_PRINCIPAL = {"id": "fake-client", "type": "service"}
+_COMPACTION_FAILED = {"code": "COMPACTION_FAILED",
+                      "message": "Failed after 3 attempts. Last error: AI_APICallError: fake failure 500"}
+_KINDS = {"tool-approval": "approval", "session-limit": "budget"}  # v26 input kind → v27 interaction kind
+_OPTIONS = {"cancel": ("deny", "Deny"), "continue": ("approve", "Approve"), "stop": ("deny", "Stop")}
+
+
+def _fact(type_: str, data: dict[str, Any], scope: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"type": type_, **({"scope": scope} if scope else {}), "data": data}
+
+
+def _parts27(parts: Any) -> list[dict[str, Any]]:
+    """v26 ``message.received`` parts as v27 ``delivery.consumed`` parts (no sandbox: files unavailable)."""
+    out: list[dict[str, Any]] = []
+    for p in parts if isinstance(parts, list) else []:
+        if isinstance(p, dict) and p.get("type") == "file":
+            out.append({"kind": "file", "mediaType": p.get("mediaType"), "filename": p.get("filename"),
+                        "size": p.get("size", 0), "unavailable": True})
+        elif isinstance(p, dict):
+            out.append({"kind": "text", "text": p.get("text", "")})
+    return out
+
+
+class Projection:
+    """A session's v26 event log read as v27 stream lines (PROTOCOL-27.md §3–§8, the table in §13).
+
+    Incremental and deterministic: each v26 event (and each control note, see ``FakeSession.notes``)
+    adds zero or more lines that depend only on what came before it, so the projection of a prefix
+    of the log is a prefix of the projection and a line's position never changes. ``lines`` holds
+    event lines ``{"at","facts"}`` and progress records ``{"progress"}``; both are numbered lines.
+    ``ended`` is set once ``session.ended`` is written (the stream then sends ``stream.ended``).
+    """
+
+    def __init__(self, controls: dict[str, str]) -> None:
+        self.controls = controls  # deliveryId → the control that made it ("cancel", "compact", "clear", "reset")
+        self.lines: list[dict[str, Any]] = []
+        self.ended = False
+        self.seen = 0  # v26 events projected
+        self.notes_seen = 0
+        self._admitted: set[str] = set()
+        self._runs = 0
+        self._changes = 0
+        self._run: str | None = None
+        self._scope: dict[str, Any] = {}  # the open run's scope
+        self._part: str | None = None  # the open text part (deltas written, not completed)
+        self._part_text = ""
+        self._parts_in_run = 0
+        self._output = False  # the open run wrote a delta
+        self._turn: str | None = None
+        self._turn_opened: list[str] | None = None  # turn.started seen, its line waits for message.received
+        self._last_turn: str | None = None
+        self._consumed: list[str] = []
+        self._settled: set[str] = set()
+        self._reply: list[str] = []
+        self._failed: dict[str, Any] | None = None
+        self._cancel: str | None = None  # a cancel that will end the running turn (its deliveryId)
+        self._change: dict[str, Any] | None = None  # the open compaction
+        self._open: list[str] = []  # open interactions
+        self._calls: set[str] = set()  # callIds with a call.requested
+
+    def update(self, events: list[dict[str, Any]], notes: list[tuple[int, dict[str, Any]]]) -> None:
+        while True:
+            if self.notes_seen < len(notes) and notes[self.notes_seen][0] <= self.seen:
+                self._note(notes[self.notes_seen][1])
+                self.notes_seen += 1
+            elif self.seen < len(events):
+                self._event(events[self.seen])
+                self.seen += 1
+            else:
+                return
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def _line(self, at: str, *facts: dict[str, Any]) -> None:
+        if facts:
+            self.lines.append({"at": at, "facts": list(facts)})
+
+    def _admit(self, delivery: str) -> dict[str, Any]:
+        self._admitted.add(delivery)
+        control = self.controls.get(delivery)
+        source = {"control": control} if control else {"channel": "channel:eve"}
+        return _fact("delivery.admitted", {"deliveryId": delivery, "principal": _PRINCIPAL, "source": source})
+
+    def _delivery_settled(self, delivery: str, outcome: str, **more: Any) -> dict[str, Any]:
+        self._settled.add(delivery)
+        return _fact("delivery.settled", {"deliveryId": delivery, "outcome": outcome, **more})
+
+    def _open_run(self, at: str, scope: dict[str, Any], owner: dict[str, Any], model: str) -> None:
+        self._run = f"run_{self._runs}"
+        self._runs += 1
+        self._scope = {"runId": self._run, **scope}
+        self._part, self._part_text, self._parts_in_run, self._output = None, "", 0, False
+        self._line(at, _fact("model.requested", {"owner": owner, "runId": self._run}, self._scope))
+        self._line(at, _fact("model.started", {"attempt": 0, "modelId": model, "runId": self._run}, self._scope))
+
+    def _settle_run(self, finish: str | None, usage: dict[str, Any] | None = None,
+                    **outcome: Any) -> list[dict[str, Any]]:
+        if self._run is None:
+            return []
+        data = {**({"finishReason": finish} if finish else {}), "outcome": "completed", **outcome, "runId": self._run}
+        facts = [_fact("model.settled", data, self._scope)]
+        if usage is not None:
+            facts.append(_fact("usage.recorded", {"kind": "model", "owner": {"runId": self._run}, "usage": {
+                "cacheReadTokens": usage.get("cacheReadTokens", 0), "cacheWriteTokens": usage.get("cacheWriteTokens", 0),
+                "inputTokens": usage.get("inputTokens", 0), "outputTokens": usage.get("outputTokens", 0)}},
+                self._scope))
+        self._run = None
+        return facts
+
+    def _turn_scope(self) -> dict[str, Any]:
+        return {"turnId": self._turn}
+
+    # -- notes: what the routes did that no v26 event shows ----------------------------------------
+
+    def _note(self, note: dict[str, Any]) -> None:
+        if note["type"] == "cancel":
+            if note["applies"] and self._cancel is None:
+                self._cancel = note["deliveryId"]
+            else:
+                self._line(note["at"], self._admit(note["deliveryId"]),
+                           self._delivery_settled(note["deliveryId"], "ignored"))
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def _event(self, event: dict[str, Any]) -> None:
+        type_, data = event.get("type"), event.get("data") or {}
+        meta = event.get("meta") or {}
+        at = str(meta.get("at", ""))
+        deliveries = [d for d in meta.get("deliveryIds") or [] if isinstance(d, str)]
+        admits = [self._admit(d) for d in deliveries if d not in self._admitted]
+        if type_ not in ("session.started", "context.cleared", "session.completed"):
+            self._line(at, *admits)  # a delivery's admission is its own line, except where it rides along
+            admits = []
+        handler = getattr(self, "_on_" + str(type_).replace(".", "_"), None)
+        if handler is not None:
+            handler(at, data, deliveries, admits)
+
+    def _on_session_started(self, at: str, data: dict[str, Any], deliveries: list[str],
+                            admits: list[dict[str, Any]]) -> None:
+        runtime = {**(data.get("runtime") or {}), "eveVersion": EVE_VERSION_27}
+        self._line(at, _fact("session.started", {"runtime": runtime}), *admits)
+
+    def _on_turn_started(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        self._turn = str(data.get("turnId"))
+        self._turn_opened = deliveries
+        self._consumed, self._reply, self._failed = [], [], None
+
+    def _on_message_received(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        delivery = deliveries[-1] if deliveries else ""
+        consumed = _fact("delivery.consumed", {"deliveryId": delivery, "parts": _parts27(data.get("parts")),
+                                               "turnId": self._turn}, self._turn_scope())
+        self._consumed.append(delivery)
+        if self._turn_opened is not None:
+            cause = self._turn_opened[0] if self._turn_opened else delivery
+            started = _fact("turn.started", {"cause": {"deliveryId": cause}, "follows": self._last_turn,
+                                             "turnId": self._turn}, self._turn_scope())
+            self._turn_opened = None
+            self._line(at, started, consumed)
+        else:
+            self._line(at, consumed)
+
+    def _on_step_started(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        self._open_run(at, self._turn_scope(), {"turnId": self._turn}, str(data.get("modelId", "fake/fake-model")))
+
+    def _on_message_appended(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        delta = data.get("messageDelta", "")
+        self._output = True
+        if self._part is None:
+            self._part = f"{self._run}.{self._parts_in_run}"
+            self._parts_in_run += 1
+            self._part_text = ""
+            progress = _fact("content.delta", {"delta": delta, "kind": "text", "partId": self._part}, self._scope)
+        else:
+            progress = _fact("content.delta", {"delta": delta, "partId": self._part})
+        self._part_text += str(delta)
+        self.lines.append({"progress": progress})
+
+    def _on_message_completed(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        if self._part is None:
+            self._part = f"{self._run}.{self._parts_in_run}"
+            self._parts_in_run += 1
+        self._line(at, _fact("content.completed", {"kind": "text", "partId": self._part, "phase": "reply",
+                                                   "runId": self._run, "value": data.get("message", "")}, self._scope))
+        self._reply.append(self._part)
+        self._part = None
+
+    def _on_step_completed(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        usage = data.get("usage")
+        self._line(at, *self._settle_run(str(data.get("finishReason", "stop")),
+                                         usage if isinstance(usage, dict) else None))
+
+    def _on_step_failed(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        self._failed = {"code": data.get("code", "MODEL_CALL_FAILED"), "id": f"err_{self._run}",
+                        "message": "Failed after 3 attempts. Last error: AI_APICallError: fake failure 500"}
+
+    def _on_action_input_appended(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        self.lines.append({"progress": _fact("call.input", {
+            "callId": data.get("callId"), "delta": data.get("inputTextDelta", ""), "kind": "tool",
+            "name": data.get("toolName")}, self._scope)})
+
+    def _on_actions_requested(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        presentation = data.get("presentation") or {}
+        for action in data.get("actions") or []:
+            capability = {"kind": "tool", "name": action.get("toolName")}
+            self._calls.add(str(action.get("callId")))
+            label = (presentation.get(action.get("callId")) or {}).get("label")
+            if label:
+                capability["label"] = label
+            self._line(at, _fact("call.requested", {"callId": action.get("callId"), "capability": capability,
+                                                    "input": action.get("input", {}), "owner": {"runId": self._run}},
+                                 self._scope))
+
+    def _on_action_result(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        result = data.get("result") or {}
+        call = result.get("callId")
+        self._line(at, _fact("call.started", {"callId": call}, self._scope))
+        settled: dict[str, Any] = {"callId": call, "outcome": "completed", "output": result.get("output")}
+        if data.get("status") == "failed":
+            settled["outcome"] = "failed"
+            settled["error"] = data.get("error") or {"code": "ACTION_RESULT_FAILED", "message": str(result.get("output"))}
+        self._line(at, _fact("call.settled", settled, self._scope))
+
+    def _on_input_requested(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        self._line(at, *self._settle_run("tool-calls"))  # the model asked by calling a tool
+        for req in data.get("requests") or []:
+            kind = _KINDS.get(str(req.get("kind")), str(req.get("kind")))
+            options = []
+            for option in req.get("options") or []:
+                id_, label = _OPTIONS.get(option.get("id"), (option.get("id"), option.get("label")))
+                options.append({"id": id_, "label": label})
+            action = req.get("action") or {}
+            if kind == "question" and action.get("callId") in self._calls:
+                self._line(at, _fact("call.started", {"callId": action["callId"]}, self._turn_scope()))  # a workflow tool
+            subject = {"turnId": self._turn} if kind == "budget" or not action.get("callId") else {"callId": action["callId"]}
+            interaction = str(req.get("requestId"))
+            self._open.append(interaction)
+            self._line(at, _fact("interaction.opened", {"interactionId": interaction, "request": {
+                "allowFreeform": bool(req.get("allowFreeform", kind == "question")),
+                "display": "select" if kind == "question" else "confirmation", "kind": kind,
+                "options": options, "prompt": req.get("prompt", "")}, "subject": subject}, self._turn_scope()))
+
+    def _on_turn_waiting(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        waiting = [self._delivery_settled(d, "awaiting-input", turnId=self._turn)
+                   for d in self._consumed if d not in self._settled]
+        self._line(at, _fact("turn.paused", {"awaiting": [{"interactionId": i} for i in self._open],
+                                             "turnId": self._turn}), *waiting)
+
+    def _on_input_resolved(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        for resolution in data.get("resolutions") or []:
+            interaction = str(resolution.get("requestId"))
+            if interaction in self._open:
+                self._open.remove(interaction)
+            self._line(at, _fact("interaction.settled", {"interactionId": interaction, "outcome": "accepted",
+                                                         "response": resolution.get("response") or {}},
+                                 self._turn_scope()))
+        fresh = [d for d in deliveries if d not in self._consumed]
+        for delivery in fresh:  # an answer, not a message: consumed with no parts
+            self._consumed.append(delivery)
+            self._line(at, _fact("delivery.consumed", {"deliveryId": delivery, "parts": [], "turnId": self._turn},
+                                 self._turn_scope()))
+
+    def _end_turn(self, at: str, outcome: str, facts: list[dict[str, Any]], **more: Any) -> None:
+        settled = _fact("turn.settled", {**more, "outcome": outcome, "reply": list(self._reply), "turnId": self._turn},
+                        self._turn_scope())
+        handled = [self._delivery_settled(d, "handled", turnId=self._turn)
+                   for d in self._consumed if d not in self._settled]
+        cancel, self._cancel = self._cancel, None
+        if outcome == "cancelled" and cancel is not None:
+            self._line(at, self._admit(cancel), *facts, settled, *handled, self._delivery_settled(cancel, "applied"))
+        else:
+            self._line(at, *facts, settled, *handled)
+            if cancel is not None:  # the turn ended before the cancel could
+                self._line(at, self._admit(cancel), self._delivery_settled(cancel, "ignored"))
+        self._last_turn, self._turn = self._turn, None
+        self._open, self._part, self._run = [], None, None
+
+    def _on_turn_completed(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        self._end_turn(at, "completed", self._settle_run("stop"))
+
+    def _on_turn_failed(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        details = data.get("details") or {}
+        error = self._failed or {"code": data.get("code", "MODEL_CALL_FAILED"), "id": f"err_{self._turn}",
+                                 "message": str(details.get("message", ""))}
+        self._end_turn(at, "failed", self._settle_run(None, outcome="failed", error=error), error=error)
+
+    def _on_turn_cancelled(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        facts: list[dict[str, Any]] = []
+        if self._part is not None:  # a cut-off reply: its partial text is narration
+            self._line(at, _fact("content.completed", {
+                "interrupted": True, "kind": "text", "partId": self._part, "phase": "narration",
+                "runId": self._run, "value": self._part_text}, self._scope))
+            self._part = None
+        if self._run is not None and self._output:
+            facts += self._settle_run(None, outcome="interrupted")
+        elif self._run is not None:
+            self._line(at, *self._settle_run("other"))
+        facts += [_fact("interaction.settled", {"interactionId": i, "outcome": "interrupted", "reason": "Cancelled."},
+                        self._turn_scope()) for i in self._open]
+        cause = {"cause": {"deliveryId": self._cancel}} if self._cancel is not None else {}
+        self._end_turn(at, "cancelled", facts, **cause)
+
+    def _on_compaction_requested(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        change = f"change_{self._changes}"
+        self._changes += 1
+        delivery = deliveries[0] if deliveries else None
+        started: dict[str, Any] = {"changeId": change, "kind": "compaction"}
+        scope: dict[str, Any] = {"changeId": change}
+        if delivery is not None:
+            started["cause"] = {"deliveryId": delivery}
+        else:  # automatic, inside a turn
+            started["trigger"] = {"inputTokens": math.ceil(float(data.get("usageInputTokens") or 0))}
+            started["turnId"] = data.get("turnId")
+            scope["turnId"] = data.get("turnId")
+        self._line(at, _fact("context.started", started, scope))
+        turn_run = (self._run, self._scope)
+        self._open_run(at, scope, {"changeId": change}, str(data.get("modelId", "fake/fake-model")))
+        self._change = {"changeId": change, "delivery": delivery, "scope": scope, "turn_run": turn_run,
+                        "tokens": math.ceil(float(data.get("usageInputTokens") or 0))}
+
+    def _close_change(self, at: str, facts: list[dict[str, Any]], outcome: str, **more: Any) -> None:
+        change = self._change
+        assert change is not None
+        self._change = None
+        self._line(at, *facts, _fact("context.settled", {"changeId": change["changeId"], "kind": "compaction",
+                                                         "outcome": outcome, **more}, change["scope"]))
+        self._run, self._scope = change["turn_run"]
+        if change["delivery"] is not None:
+            reason = {} if outcome == "completed" else {"reason": "compaction-failed"}
+            self._line(at, self._delivery_settled(change["delivery"], "applied" if outcome == "completed" else "failed",
+                                                  **reason))
+
+    def _on_compaction_completed(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        if self._change is not None:
+            usage = {"inputTokens": self._change["tokens"], "outputTokens": 11}
+            self._close_change(at, self._settle_run("stop", usage), "completed")
+
+    def _on_session_waiting(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
+        if self._change is not None:  # a compaction that never completed
+            self._close_change(at, self._settle_run(None, outcome="failed", error=_COMPACTION_FAILED), "failed",
+                               error=_COMPACTION_FAILED)
+
+    def _on_context_cleared(self, at: str, data: dict[str, Any], deliveries: list[str],
+                            admits: list[dict[str, Any]]) -> None:
+        change = f"change_{self._changes}"
+        self._changes += 1
+        cause = {"cause": {"deliveryId": deliveries[0]}} if deliveries else {}
+        applied = [self._delivery_settled(deliveries[0], "applied")] if deliveries else []
+        self._line(at, *admits,
+                   _fact("context.started", {"changeId": change, **cause, "kind": "clear"}, {"changeId": change}),
+                   _fact("context.settled", {"changeId": change, "kind": "clear", "outcome": "completed",
+                                             "selects": None}, {"changeId": change}),
+                   *applied)
+        self._last_turn = None
+
+    def _on_session_completed(self, at: str, data: dict[str, Any], deliveries: list[str],
+                              admits: list[dict[str, Any]]) -> None:
+        end = deliveries[0] if deliveries else None
+        applied = [self._delivery_settled(end, "applied")] if end else []
+        cause = {"cause": {"deliveryId": end}} if end else {}
+        self._line(at, *admits, *applied, _fact("session.ended", {**cause, "outcome": "completed"}))
+        self.ended = True
 
 
 @dataclass
@@ -107,12 +491,23 @@ class FakeSession:
     asking: bool = False  # a question is open (input.requested … turn.waiting on input)
     answers: asyncio.Queue[tuple[str, Any, str]] = field(default_factory=asyncio.Queue)
     sends: list[dict[str, Any]] = field(default_factory=list)
+    # v27 mode: what the routes did that no v26 event shows, as (number of events before it, note)
+    notes: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    controls: dict[str, str] = field(default_factory=dict)  # deliveryId → control route (v27 mode)
+    keys: OrderedDict[str, str] = field(default_factory=OrderedDict)  # idempotencyKey → deliveryId (v27)
+    view: Projection | None = None  # the v27 stream lines, built from events on demand
+    stranded: bool = False  # v27 mode: made by an older eve (PROTOCOL-27.md §11)
 
 
 class FakeEve:
-    def __init__(self, *, token: str = "eve-test-token", window: int = 128_000) -> None:
+    def __init__(self, *, token: str = "eve-test-token", window: int = 128_000, stream_version: int = 26) -> None:
         self.token = token
         self.window = window
+        self.stream_version = stream_version  # 26: eve 0.80.1 (PROTOCOL.md); 27: eve 1.0.1 (PROTOCOL-27.md)
+        self.stream_version_header: str | None = None  # the x-eve-stream-version sent, if not stream_version
+        self.heartbeat_seconds = 10.0  # v27: a heartbeat while a followed stream is quiet
+        self.lease_seconds = 120.0  # v27: a followed stream ends with stream.lease-ended after this
+        self.responses: list[tuple[str, str, int]] = []  # (method, path, status) of every answered request
         self.sessions: dict[str, FakeSession] = {}
         self.requests: list[tuple[str, str, Any]] = []
         self.not_ready_sends = 0
@@ -165,7 +560,7 @@ class FakeEve:
         r.add_post("/eve/v1/session", self._create)
         r.add_post("/eve/v1/session/{id}", self._send)
         r.add_get("/eve/v1/session/{id}/stream", self._stream)
-        for action in ("cancel", "compact", "clear", "reset"):
+        for action in ("cancel", "compact", "clear", "reset", "end"):
             r.add_post(f"/eve/v1/session/{{id}}/{action}", getattr(self, f"_{action}"))
         # What is still being answered when a test ends is a stream or a held send: nothing to wait for, so
         # the stop cancels it at once (aiohttp waits shutdown_timeout for a handler first; 0 is "forever").
@@ -207,13 +602,17 @@ class FakeEve:
 
     @web.middleware
     async def _track(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        response: web.StreamResponse
         if request.path.endswith("/stream"):
-            return await handler(request)
-        self._in_flight += 1
-        try:
-            return await handler(request)
-        finally:
-            self._in_flight -= 1
+            response = await handler(request)
+        else:
+            self._in_flight += 1
+            try:
+                response = await handler(request)
+            finally:
+                self._in_flight -= 1
+        self.responses.append((request.method, request.path, response.status))
+        return response
 
     def _auth(self, request: web.Request) -> web.Response | None:
         if request.headers.get("authorization") != f"Bearer {self.token}":
@@ -273,12 +672,15 @@ class FakeEve:
             return denied
         connections = [{"connectionName": self.mcp_connection, "protocol": "mcp", "url": self.mcp_url,
                         "hasHeaders": False}] if self.mcp_url else []
+        eve_version = EVE_VERSION_27 if self.stream_version >= 27 else EVE_VERSION_26
         return web.json_response({"agent": {"model": {"id": "fake/fake-model", "contextWindowTokens": self.window}},
-                                  "connections": connections, "version": 5})
+                                  "connections": connections, "eveVersion": eve_version, "version": 5})
 
     async def _create(self, request: web.Request) -> web.Response:
         if (denied := self._auth(request)) is not None:
             return denied
+        if self.stream_version >= 27:
+            return await self._create27(request)
         body = await self._body(request)
         session = FakeSession(id=f"wrun_{uuid.uuid4().hex[:20].upper()}")
         self.sessions[session.id] = session
@@ -293,6 +695,8 @@ class FakeEve:
     async def _send(self, request: web.Request) -> web.Response:
         if (denied := self._auth(request)) is not None:
             return denied
+        if self.stream_version >= 27:
+            return await self._send27(request)
         arrived = time.monotonic()
         body = await self._body(request) or {}
         if isinstance(body.get("message"), str):
@@ -323,6 +727,22 @@ class FakeEve:
         if policy not in ("queue", "steer"):
             return web.json_response({"error": "Expected 'turnPolicy' to be either 'queue' or 'steer'.", "ok": False},
                                      status=400)
+        delivery = str(uuid.uuid4())
+        item = _Input("message", _flatten(body.get("message", "")), delivery, policy)
+        context = body.get("clientContext")
+        item.context_chars = sum(len(c) + 16 for c in ([context] if isinstance(context, str) else context or []))
+        session.parts[delivery] = _parts(body.get("message", ""))
+        refused = await self._take(request, session, body, item)
+        if refused is not None:
+            return refused
+        return web.json_response({"ok": True, "sessionId": session.id, "status": "accepted",
+                                  "deliveryId": delivery}, status=202)
+
+    async def _take(self, request: web.Request, session: FakeSession, body: dict[str, Any],
+                    item: _Input) -> web.Response | None:
+        """Run a sent message (held, steered into the running turn or queued); a response when it is
+        not an ordinary 202."""
+        policy = item.policy
         if self.hold_sends:
             self.held += 1
             self._held.append(request)
@@ -332,16 +752,11 @@ class FakeEve:
                 self._held.remove(request)
             if request.transport is None or request.transport.is_closing():
                 return web.Response(status=499)  # the caller died waiting: eve never took it
-        delivery = str(uuid.uuid4())
         session.sends.append(body)
         if session.running and policy == "queue":
             self.sends_while_running += 1
         if session.compacting:
             self.sends_while_compacting += 1
-        item = _Input("message", _flatten(body.get("message", "")), delivery, policy)
-        context = body.get("clientContext")
-        item.context_chars = sum(len(c) + 16 for c in ([context] if isinstance(context, str) else context or []))
-        session.parts[delivery] = _parts(body.get("message", ""))
         if self.stuck:
             pass  # accepted, never run (PROTOCOL.md §9)
         elif session.running and policy == "steer" and not session.output_started:
@@ -352,8 +767,7 @@ class FakeEve:
             # Accepted and running, but the answer is lost to a proxy's 502 (an ambiguous send).
             self.ambiguous_sends -= 1
             return web.Response(status=502, text="Bad Gateway")
-        return web.json_response({"ok": True, "sessionId": session.id, "status": "accepted",
-                                  "deliveryId": delivery}, status=202)
+        return None
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:
         if (denied := self._auth(request)) is not None:
@@ -366,11 +780,14 @@ class FakeEve:
             # was open during the reset got session.completed and closed).
             return web.json_response({"code": "session_expired", "error": "Session history is no longer available.",
                                       "ok": False}, status=410)
+        if self.stream_version >= 27:
+            return await self._stream27(request, session)
         start = int(request.query.get("startIndex", "0"))
         follow = request.query.get("follow") != "false"
         if start < 0:
             start = max(0, len(session.events) + start)
         headers = {"content-type": "application/x-ndjson; charset=utf-8", "x-eve-stream-format": "ndjson",
+                   "x-eve-stream-version": self.stream_version_header or str(self.stream_version),
                    "x-eve-session-id": session.id}
         if not follow or request.query.get("includeTailIndex") == "1":
             headers["x-eve-stream-tail-index"] = str(len(session.events) - 1)
@@ -425,6 +842,8 @@ class FakeEve:
     async def _cancel(self, request: web.Request) -> web.Response:
         if (denied := self._auth(request)) is not None:
             return denied
+        if self.stream_version >= 27:
+            return await self._cancel27(request)
         await self._body(request)
         session = self._session(request)
         if self.cancel_errors:
@@ -438,6 +857,8 @@ class FakeEve:
     async def _compact(self, request: web.Request) -> web.Response:
         if (denied := self._auth(request)) is not None:
             return denied
+        if self.stream_version >= 27:
+            return await self._compact27(request)
         await self._body(request)
         session = self._session(request)
         if session is None or not session.active:
@@ -454,6 +875,8 @@ class FakeEve:
     async def _clear(self, request: web.Request) -> web.Response:
         if (denied := self._auth(request)) is not None:
             return denied
+        if self.stream_version >= 27:
+            return await self._clear27(request)
         await self._body(request)
         session = self._session(request)
         if session is None or not session.active:
@@ -462,6 +885,8 @@ class FakeEve:
         return web.json_response({"ok": True, "sessionId": session.id, "status": "accepted"}, status=202)
 
     async def _reset(self, request: web.Request) -> web.Response:
+        if self.stream_version >= 27:
+            return await self._end(request)  # 1.0.1 still has /reset, answering as /end does
         if (denied := self._auth(request)) is not None:
             return denied
         await self._body(request)
@@ -471,6 +896,11 @@ class FakeEve:
         if self.stuck:
             await asyncio.sleep(30)
             return web.json_response({"error": "Failed to reset the session.", "ok": False}, status=500)
+        await self._finish(session, [])
+        return web.json_response({"ok": True, "previousSessionId": session.id, "status": "reset"})
+
+    async def _finish(self, session: FakeSession, deliveries: list[str]) -> None:
+        """End a session: its running turn cancelled, then session.completed."""
         if session.running:
             session.cancel.set()
             for _ in range(200):
@@ -480,8 +910,333 @@ class FakeEve:
         session.active = False
         if session.task:
             session.task.cancel()
-        await self._emit(session, "session.completed", {"usage": self._usage(session)}, [])
-        return web.json_response({"ok": True, "previousSessionId": session.id, "status": "reset"})
+        await self._emit(session, "session.completed", {"usage": self._usage(session)}, deliveries)
+
+    # -- stream version 27 (PROTOCOL-27.md) ---------------------------------------------------
+
+    def strand(self, session_id: str) -> None:
+        """Make a session look as if an older eve made it (PROTOCOL-27.md §11): sends and /clear
+        answer 409 ``session_stranded``, /compact and /cancel 409 ``session_not_active``; /end works."""
+        self.sessions[session_id].stranded = True
+
+    def refused(self) -> list[tuple[str, str, int]]:
+        """The requests answered 4xx, as ``(method, path, status)``."""
+        return [r for r in self.responses if 400 <= r[2] < 500]
+
+    def lines(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's v27 stream lines so far (the projection of its v26 event log)."""
+        session = self.sessions[session_id]
+        return list(self._view(session).lines)
+
+    def _view(self, session: FakeSession) -> Projection:
+        if session.view is None:
+            session.view = Projection(session.controls)
+        session.view.update(session.events, session.notes)
+        return session.view
+
+    def _note(self, session: FakeSession, note: dict[str, Any]) -> None:
+        """Something a route did that no v26 event shows, placed after the events so far."""
+        session.notes.append((len(session.events), {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ"), **note}))
+
+    @staticmethod
+    def _refuse(error: str, status: int = 400, **more: Any) -> web.Response:
+        return web.json_response({**more, "error": error, "ok": False}, status=status)
+
+    @staticmethod
+    def _not_active() -> web.Response:
+        return web.json_response({"code": "session_not_active", "error": "The session is no longer active.",
+                                  "ok": False}, status=409)
+
+    @staticmethod
+    def _stranded() -> web.Response:
+        return web.json_response({"code": "session_stranded", "error": "This session is no longer available.",
+                                  "ok": False, "eveVersion": EVE_VERSION_26}, status=409)
+
+    async def _body27(self, request: web.Request, accepted: tuple[str, ...]) -> tuple[dict[str, Any], web.Response | None]:
+        """The JSON object body (``{}`` when empty), or the 400 eve 1.0.1 gives: bad JSON, unknown fields."""
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            self.requests.append((request.method, request.path, raw.decode(errors="replace")))
+            return {}, self._refuse("Invalid JSON body.")
+        self.requests.append((request.method, request.path, body if raw.strip() else None))
+        if not isinstance(body, dict):
+            return {}, self._refuse("Invalid JSON body.")
+        for key in body:
+            if key not in accepted:
+                fields = ", ".join(accepted) or "(none)"
+                return body, self._refuse(f"Unknown field '{key}'. Accepted fields: {fields}.")
+        return body, None
+
+    @staticmethod
+    def _context_error(body: dict[str, Any]) -> web.Response | None:
+        context = body.get("clientContext")
+        if context is None or isinstance(context, (str, dict)):
+            return None
+        if isinstance(context, list):
+            if all(isinstance(c, str) and c for c in context):
+                return None
+            return FakeEve._refuse("Expected 'clientContext' array entries to be non-empty strings.")
+        return FakeEve._refuse("Expected 'clientContext' to be a string, string array, or JSON object.")
+
+    def _message_input(self, session: FakeSession, message: Any, delivery: str, policy: str,
+                       context: Any) -> _Input:
+        item = _Input("message", _flatten(message), delivery, policy)
+        item.context_chars = sum(len(c) + 16 for c in ([context] if isinstance(context, str) else
+                                                       [json.dumps(context)] if isinstance(context, dict) else
+                                                       context or []))
+        session.parts[delivery] = _parts(message)
+        return item
+
+    async def _create27(self, request: web.Request) -> web.Response:
+        body, refused = await self._body27(request, _CREATE_FIELDS)
+        if refused is not None:
+            return refused
+        message = body.get("message")
+        if message is None and any(k in body for k in ("clientContext", "callback", "outputSchema")):
+            return self._refuse("Creating a session without a message does not accept 'clientContext', "
+                                "'callback', or 'outputSchema'.")
+        if (refused := self._context_error(body)) is not None:
+            return refused
+        session = FakeSession(id=f"wrun_{uuid.uuid4().hex[:20].upper()}")
+        self.sessions[session.id] = session
+        session.task = asyncio.create_task(self._run(session))
+        delivery = str(uuid.uuid4())
+        if message is not None:
+            self.creates.append((time.monotonic(), _flatten(message)))
+            session.inputs.put_nowait(self._message_input(session, message, delivery, "steer",
+                                                          body.get("clientContext")))
+        return web.json_response({"ok": True, "sessionId": session.id, "deliveryId": delivery}, status=202,
+                                 headers={"x-eve-session-id": session.id})
+
+    async def _send27(self, request: web.Request) -> web.Response:
+        arrived = time.monotonic()
+        body, refused = await self._body27(request, _SEND_FIELDS)
+        if refused is not None:
+            return refused
+        if isinstance(body.get("message"), str):
+            self.send_at.setdefault(body["message"], arrived)
+        session = self._session(request)
+        if session is None or not session.active:
+            return self._not_active()
+        if session.stranded:
+            return self._stranded()
+        if not body:
+            return web.json_response({"ok": True, "status": "unsupported"})  # "prepare" on the local world
+        message, answers = body.get("message"), body.get("answers")
+        if message is not None and answers is not None:
+            return self._refuse("'message' and 'answers' are mutually exclusive.")
+        if not message and not answers:
+            return self._refuse("Expected a non-empty 'message' or a non-empty 'answers' array.")
+        if answers is not None and not (isinstance(answers, list) and all(
+                isinstance(a, dict) and isinstance(a.get("interactionId"), str) for a in answers)):
+            return self._refuse("Expected 'answers' to be an array of {interactionId, optionId | text}.")
+        policy = body.get("turnPolicy", "steer")
+        if policy not in ("queue", "steer"):
+            return self._refuse("Expected 'turnPolicy' to be either 'queue' or 'steer'.")
+        key = body.get("idempotencyKey")
+        if key is not None and not (isinstance(key, str) and 0 < len(key) <= 256):
+            return self._refuse("Expected 'idempotencyKey' to be a nonempty string of at most 256 characters.")
+        if (refused := self._context_error(body)) is not None:
+            return refused
+        if key is not None and key in session.keys:
+            return web.json_response({"ok": True, "sessionId": session.id, "deliveryId": session.keys[key]},
+                                     status=202, headers={"x-eve-session-id": session.id})
+        if self.not_ready_sends > 0:
+            self.not_ready_sends -= 1
+            return self._refuse("The session is not ready to accept messages yet.", 409, code="session_not_ready")
+        if message is not None and any(bad in _flatten(message) for bad in self.failing_texts):
+            self.failed_sends += 1
+            return web.json_response({"error": "Internal error", "ok": False}, status=500)
+        delivery = str(uuid.uuid4())
+        if key is not None:  # derived from the key, as eve's looks (PROTOCOL-27.md §2)
+            delivery = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{session.id}/{key}"))
+            session.keys[key] = delivery
+            while len(session.keys) > 1024:
+                session.keys.popitem(last=False)
+        accepted = web.json_response({"ok": True, "sessionId": session.id, "deliveryId": delivery}, status=202,
+                                     headers={"x-eve-session-id": session.id})
+        if answers is not None:
+            if session.asking:
+                session.answers.put_nowait(("response", [{"requestId": a["interactionId"],
+                                                          **{k: v for k, v in a.items() if k != "interactionId"}}
+                                                         for a in answers], delivery))
+            else:  # a stale answer: eve hands it to the model as new input
+                item = _Input("message", "The user submitted a response to an earlier interactive prompt.",
+                              delivery, policy)
+                session.inputs.put_nowait(item)
+            return accepted
+        if session.asking and not self.stuck:
+            session.answers.put_nowait(("message", message, delivery))
+            return accepted
+        item = self._message_input(session, message, delivery, policy, body.get("clientContext"))
+        refused = await self._take(request, session, body, item)
+        return refused if refused is not None else accepted
+
+    async def _stream27(self, request: web.Request, session: FakeSession) -> web.StreamResponse:
+        try:
+            start = int(request.query.get("startIndex", "0"))
+        except ValueError:
+            return self._refuse("Expected startIndex to be an integer.")
+        follow = request.query.get("follow") != "false" and request.query.get("includeTailIndex") != "1"
+        async with self._changed:
+            lines = self._view(session).lines
+            tail = len(lines) - 1
+        if start < 0:
+            start = max(0, tail + 1 + start)
+        headers = {"content-type": "application/x-ndjson; charset=utf-8", "x-eve-stream-format": "ndjson",
+                   "x-eve-stream-version": self.stream_version_header or str(self.stream_version),
+                   "x-eve-session-id": session.id, "x-accel-buffering": "no"}
+        if not follow:
+            headers["x-eve-stream-tail-index"] = str(tail)
+        response = web.StreamResponse(headers=headers)
+        await response.prepare(request)
+        try:
+            return await self._write_stream27(request, response, session, start, follow, tail + 1)
+        except (ConnectionResetError, ClientConnectionResetError):
+            return response
+
+    async def _write_stream27(self, request: web.Request, response: web.StreamResponse, session: FakeSession,
+                              start: int, follow: bool, tail_at_open: int) -> web.StreamResponse:
+        cut = None
+        if self.cut_streams > 0:
+            self.cut_streams -= 1
+            cut = self.cut_after
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.lease_seconds
+        await response.write(_HEARTBEAT)
+        last = loop.time()
+        index, written = start, 0
+        while True:
+            action = "lines"
+            async with self._changed:
+                while True:
+                    view = self._view(session)
+                    end = len(view.lines) if follow else min(len(view.lines), tail_at_open)
+                    if index < end:
+                        break
+                    now = loop.time()
+                    if not follow:
+                        action = "end"
+                    elif view.ended:
+                        action = "ended"
+                    elif now >= deadline:
+                        action = "lease"
+                    elif now >= last + self.heartbeat_seconds:
+                        action = "heartbeat"
+                    else:
+                        try:
+                            await asyncio.wait_for(self._changed.wait(), min(deadline, last + self.heartbeat_seconds) - now)
+                        except TimeoutError:
+                            pass
+                        continue
+                    break
+                batch = view.lines[index:end] if action == "lines" else []
+            if action == "heartbeat":
+                await response.write(_HEARTBEAT)
+                last = loop.time()
+                continue
+            if action != "lines":
+                if action == "ended":
+                    await response.write(b'{"$eve":"stream.ended"}\n')
+                elif action == "lease":
+                    await response.write(b'{"$eve":"stream.lease-ended"}\n')
+                break
+            if follow and self.stream_lag:
+                await asyncio.sleep(self.stream_lag)
+            for record in batch:
+                line = json.dumps(record, separators=(",", ":")).encode() + b"\n"
+                if cut is not None and written >= cut:
+                    await response.write(line[: len(line) // 2])
+                    assert request.transport is not None
+                    request.transport.close()
+                    return response
+                if self.garbage_every and (index + 1) % self.garbage_every == 0:
+                    await response.write(b"{this is not json\n")
+                await response.write(line)
+                written += 1
+                index += 1
+            last = loop.time()
+        await response.write_eof()
+        return response
+
+    async def _cancel27(self, request: web.Request) -> web.Response:
+        body, refused = await self._body27(request, ("turnId",))
+        if refused is not None:
+            return refused
+        if self.cancel_errors:
+            self.cancel_errors -= 1
+            return web.json_response({"error": "Internal error", "ok": False}, status=500)
+        session = self._session(request)
+        if session is None or not session.active or session.stranded:
+            return self._not_active()
+        delivery = str(uuid.uuid4())
+        session.controls[delivery] = "cancel"
+        turn = body.get("turnId")
+        running_turn = session.running and not session.compacting
+        applies = (running_turn and not session.cancel.is_set()
+                   and ("turnId" not in body or turn == f"turn_{session.sequence}"))
+        async with self._changed:
+            self._note(session, {"type": "cancel", "deliveryId": delivery, "applies": applies})
+            self._changed.notify_all()
+        if applies:
+            session.cancel.set()
+        return web.json_response({"ok": True, "sessionId": session.id, "deliveryId": delivery}, status=202)
+
+    async def _compact27(self, request: web.Request) -> web.Response:
+        _, refused = await self._body27(request, ())
+        if refused is not None:
+            return refused
+        session = self._session(request)
+        if session is None or not session.active or session.stranded:
+            return self._not_active()
+        if self.compact_errors:
+            self.compact_errors -= 1
+            return web.json_response({"ok": False, "code": "internal_error", "message": "boom"}, status=500)
+        if self.compact_ack_delay:
+            await asyncio.sleep(self.compact_ack_delay)
+        delivery = str(uuid.uuid4())
+        session.controls[delivery] = "compact"
+        if not self.stuck:
+            session.inputs.put_nowait(_Input("compact", delivery=delivery))
+        return web.json_response({"ok": True, "sessionId": session.id, "deliveryId": delivery}, status=202)
+
+    async def _clear27(self, request: web.Request) -> web.Response:
+        _, refused = await self._body27(request, ())
+        if refused is not None:
+            return refused
+        session = self._session(request)
+        if session is None or not session.active:
+            return self._not_active()
+        if session.stranded:
+            return self._stranded()
+        delivery = str(uuid.uuid4())
+        session.controls[delivery] = "clear"
+        session.inputs.put_nowait(_Input("clear", delivery=delivery))
+        if session.running and not session.compacting:
+            session.cancel.set()  # 1.0.1's clear does not wait for the turn (PROTOCOL-27.md §8)
+        return web.json_response({"ok": True, "sessionId": session.id, "deliveryId": delivery}, status=202)
+
+    async def _end(self, request: web.Request) -> web.Response:
+        """``POST …/end`` (and ``/reset`` in v27 mode): 202 with a deliveryId, then the session ends."""
+        if (denied := self._auth(request)) is not None:
+            return denied
+        if self.stream_version < 27:
+            return web.Response(status=404, text="404: Not Found")  # no such route on 0.80.1
+        _, refused = await self._body27(request, ("reason",))
+        if refused is not None:
+            return refused
+        session = self._session(request)
+        if session is None or not session.active:
+            return self._not_active()
+        if self.stuck:
+            await asyncio.sleep(30)
+            return web.json_response({"error": "Failed to end the session.", "ok": False}, status=500)
+        delivery = str(uuid.uuid4())
+        session.controls[delivery] = "reset"
+        await self._finish(session, [delivery])
+        return web.json_response({"ok": True, "sessionId": session.id, "deliveryId": delivery}, status=202)
 
     # -- the agent --------------------------------------------------------------------------
 
@@ -498,11 +1253,11 @@ class FakeEve:
             if item.kind == "message":
                 await self._turn(s, item)
             elif item.kind == "compact":
-                await self._compaction(s)
+                await self._compaction(s, [item.delivery] if item.delivery else [])
             elif item.kind == "clear":
                 turn = {"sequence": s.sequence, "sessionId": s.id, "turnId": f"turn_{s.sequence}"}
                 s.history_chars = 0
-                await self._emit(s, "context.cleared", turn, [])
+                await self._emit(s, "context.cleared", turn, [item.delivery] if item.delivery else [])
                 await self._waiting(s, [])
 
     async def _sleep_or(self, s: FakeSession, seconds: float) -> str:
@@ -719,13 +1474,13 @@ class FakeEve:
                                                          "cacheReadTokens": 0}}, deliveries)
         s.usage_in += tokens
 
-    async def _compaction(self, s: FakeSession) -> None:
+    async def _compaction(self, s: FakeSession, deliveries: list[str]) -> None:
         s.running = s.compacting = True
         s.cancel.clear()
         seq = s.sequence
         turn = {"sequence": seq, "sessionId": s.id, "stepIndex": 0, "turnId": f"turn_{seq}"}
         await self._emit(s, "compaction.requested", {"modelId": "fake/fake-model", **turn,
-                                                     "usageInputTokens": s.history_chars / 4 + 31.75}, [])
+                                                     "usageInputTokens": s.history_chars / 4 + 31.75}, deliveries)
         outcome = await self._sleep_or(s, self.summary_delay) if self.summary_delay else "timeout"
         s.running = s.compacting = False
         if outcome == "cancel":
@@ -737,7 +1492,7 @@ class FakeEve:
             return
         s.history_chars = min(s.history_chars, 400)
         s.compactions_done += 1
-        await self._emit(s, "compaction.completed", {"modelId": "fake/fake-model", **turn}, [])
+        await self._emit(s, "compaction.completed", {"modelId": "fake/fake-model", **turn}, deliveries)
         if self.waiting_after_compaction:
             await asyncio.sleep(self.waiting_after_compaction)
         await self._waiting(s, [])
