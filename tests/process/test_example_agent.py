@@ -10,7 +10,8 @@ free loopback port. The template's own model line stays: eve builds a Gateway mo
 The eve-peer home is ``$IVA_EVE_1X_HOME``, default ``$HOME/.cache/eve-peer-1.0.1`` (made by
 ``EVE_VERSION=1.0.1 ../shared/eve-peer/setup.sh``, which ``scripts/test`` runs).
 
-Measured on the 2-core test machine: the build takes 2.6-3.0 s, the server is healthy ~0.7 s later.
+Measured on the 2-core test machine: the build takes 2.6-2.9 s when the machine is idle, 4-5 s
+under other load (load average ~3); the server is healthy ~0.6 s later; the test takes 5-8 s.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 def test_the_example_agent_builds_and_serves_info_to_iva_on_eve_1x(tmp_path: Path) -> None:
     """V7: the template builds on eve 1.x unchanged; the built server is healthy; ``/info``
-    answers Iva's bearer (a ``service`` principal) with the window the template was built for, the
+    answers Iva's bearer (a ``service`` principal; the token given to the server only, not to the
+    build) with the window the template was built for, the
     template's model, the notebook connection and the push schedule, and refuses anyone else;
     the compiled agent carries ``compaction.threshold`` = min(0.75, 137 500 / window) and a
     ``limits.sessionUsage``."""
@@ -92,7 +94,8 @@ def test_the_example_agent_builds_and_serves_info_to_iva_on_eve_1x(tmp_path: Pat
     app = _app(tmp_path)
     env = {**os.environ, "PATH": f"{node_bin}{os.pathsep}{os.environ.get('PATH', '')}",
            "EVE_TELEMETRY_DISABLED": "1", "EVE_TRACES": "off", "EVE_CONTEXT_WINDOW": str(WINDOW),
-           "IVA_NOTEBOOK_MCP_URL": NOTEBOOK_URL, "NOTEBOOK_MCP_TOKEN": "", "IVA_EVE_TOKEN": TOKEN}
+           "IVA_NOTEBOOK_MCP_URL": NOTEBOOK_URL, "NOTEBOOK_MCP_TOKEN": ""}
+    env.pop("IVA_EVE_TOKEN", None)  # the channel reads it at run time: the build never sees it
     started = time.monotonic()
     with (tmp_path / "build.out").open("wb") as out:
         built = subprocess.run([str(app / "node_modules" / ".bin" / "eve"), "build", "--skip-sandbox-prewarm"],
@@ -110,7 +113,8 @@ def test_the_example_agent_builds_and_serves_info_to_iva_on_eve_1x(tmp_path: Pat
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server_env = {**env, "PORT": str(port), "HOST": "127.0.0.1", "NITRO_PORT": str(port), "NITRO_HOST": "127.0.0.1"}
+    server_env = {**env, "PORT": str(port), "HOST": "127.0.0.1", "NITRO_PORT": str(port), "NITRO_HOST": "127.0.0.1",
+                  "IVA_EVE_TOKEN": TOKEN}
     with (tmp_path / "eve.out").open("wb") as out:
         server = subprocess.Popen([str(node_bin / "node"), ".output/server/index.mjs"], cwd=app, env=server_env,
                                   stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
