@@ -195,11 +195,11 @@ class Reminders:
                                         "cancel one first.", status=422, code="too_many")
             await self.sql.add_reminder(id=reminder_id, address=address, text=text, at=at_text, cron=cron_text,
                                         tz=zone_name, next_at=next_at, author=author, created_at=now, updated_at=now)
+            found = await self.get(address, reminder_id)  # before the commit, the last step (F14)
+        assert found is not None
         logger.info("reminder_set", address=address, reminder=reminder_id, at=at_text, cron=cron_text, tz=zone_name,
                     next_at=iso(next_at), author=author)
         self.changed.set()
-        found = await self.get(address, reminder_id)
-        assert found is not None
         return found
 
     async def cancel(self, address: str, reminder_id: str) -> bool:

@@ -167,11 +167,13 @@ class Pushes:
         async with self.db.transaction():
             await self._writable(address)
             row, created = await self.enqueue(address, turn)
+            # Read before the commit, which is the last storage step: a storage fault answers 503
+            # with nothing written, so a retry without a key never makes a second turn (F14).
+            state = await self.turn(address, _turn_id(row))
+        assert state is not None
         if created:
             logger.info("turn_pushed", address=address, queue_id=row, key=turn.key)
             self.wake(address)
-        state = await self.turn(address, _turn_id(row))
-        assert state is not None
         return state
 
     @staticmethod
