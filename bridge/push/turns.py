@@ -30,6 +30,7 @@ from diskqueue import Database, DiskQueue, Message, State
 
 from .. import log
 from ..errors import BridgeError
+from ..notebook.rules import frame_body
 from ..storage.payloads import PushedTurn, Queued, decode
 from ..storage.pushes import PushStore
 from ..storage.store import Chat, Store
@@ -283,7 +284,9 @@ async def context(db: Database, address: str, items: Sequence[Queued], block: st
         rows = await PushStore(db).sent_since_told(address, notify_keys(address), TOLD_AT_MOST)
         if rows:
             upto = int(rows[0]["id"])
-            lines = [f"- at {iso(r['sent_at'])}: {_cap(r['text'])}" for r in reversed(rows)]
+            # S8: a notification's text is anyone's words: a line of it that could pass for one
+            # of Iva's own ([notes], '## name |', …) is escaped as a note's body is (S4).
+            lines = [f"- at {iso(r['sent_at'])}: {frame_body(_cap(r['text']))}" for r in reversed(rows)]
             parts.append("[sent meanwhile] Iva sent these notifications to this chat since your last turn, without "
                          "you (the person saw them):\n" + "\n".join(lines))
     if block:
