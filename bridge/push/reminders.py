@@ -8,9 +8,16 @@ that fired (``last_fired``), durably.
 
 Time, honestly:
 
-- The loop sleeps on the event loop's clock, which is monotonic, never longer than
-  :data:`LOOK_EVERY` at a time, and then reads the wall clock again: a step of the wall clock
-  is seen within that.
+- Reminders read the bridge's steady clock (:mod:`bridge.clock`: the wall clock read at start plus
+  the monotonic time since, F12): a step of the wall clock while Iva runs, forward or back, moves
+  no reminder — none fires early marked late during a forward step, none falls silent for the
+  length of the step once it is corrected. The loop sleeps on the event loop's clock (monotonic),
+  never longer than :data:`LOOK_EVERY` at a time.
+- A correction reaches the reminders at a start (the steady clock anchored to the wall clock
+  again) — a process that ran with the clock ahead computed next instants too far ahead: at the
+  first look of each start (and whenever the clock reads earlier than at the last look) a
+  recurring reminder's next instant is recomputed from the later of now and its last real fire,
+  when that comes sooner than the stored one.
 - A fire is the pushed turn's queue row keyed ``reminder:<id>:<due instant>``, committed with
   the reminder's next due instant and its ``last_fired``: a restart anywhere fires it once.
 - Due while Iva was down, or the clock stepped forward past it: it fires once, marked late
@@ -148,6 +155,7 @@ class Reminders:
         self.default_tz = default_tz
         self.clock = clock
         self.changed = asyncio.Event()  # a reminder was set or cancelled, a chat unblocked: look again
+        self.looked: float | None = None  # the clock at the last look (None: none yet in this process)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -217,6 +225,10 @@ class Reminders:
         """Fire what is due now (on the wall clock): each a pushed turn committed with the
         reminder's next instant. Returns the addresses woken."""
         woken: list[str] = []
+        now = self.clock()
+        if self.looked is None or now < self.looked:
+            await self.recompute(now)
+        self.looked = now
         while True:
             now = self.clock()
             fired: list[str] = []
@@ -250,6 +262,26 @@ class Reminders:
         upcoming = None if r.cron is None else _cron_next(r.cron, _zone(r.tz, "UTC")[1], max(now, last))
         await self.sql.reminder_fired(r.id, last_fired=last, next_at=upcoming, now=now)
         return fresh
+
+    async def recompute(self, now: float) -> int:
+        """F12: each recurring reminder's next instant, from the later of ``now`` and its last
+        real fire, where that is sooner than the stored one (computed on a clock that was ahead
+        since). How many moved."""
+        moved = 0
+        async with self.db.transaction():
+            for row in await self.sql.recurring():
+                r = self._of(row)
+                assert r.cron is not None
+                try:
+                    upcoming = _cron_next(r.cron, _zone(r.tz, "UTC")[1], max(now, r.last_fired or now))
+                except (PushError, StopIteration, ValueError):
+                    continue  # its fire says so (a zone gone from tzdata)
+                if r.next_at is None or upcoming < r.next_at:
+                    await self.sql.reminder_moved(r.id, next_at=upcoming, now=now)
+                    logger.info("reminder_recomputed", address=r.address, reminder=r.id, stored=iso(r.next_at),
+                                next_at=iso(upcoming))
+                    moved += 1
+        return moved
 
     async def next_due(self) -> float | None:
         return await self.sql.next_due()

@@ -94,6 +94,16 @@ class PushStore:
             "UPDATE reminders SET state = CASE WHEN ? IS NULL THEN 'done' ELSE state END, next_at = ?, "
             "last_fired = ?, updated_at = ? WHERE id = ?", (next_at, next_at, last_fired, now, reminder_id))
 
+    async def recurring(self) -> list[sqlite3.Row]:
+        """Every active cron reminder (paused ones too): their next instants checked after a
+        correction of the clock (F12)."""
+        return await self.db.fetchall(f"{_REMINDERS} WHERE r.state = 'active' AND r.cron IS NOT NULL")
+
+    async def reminder_moved(self, reminder_id: str, *, next_at: float, now: float) -> None:
+        """An active reminder's next instant, recomputed (F12)."""
+        await self.db.execute("UPDATE reminders SET next_at = ?, updated_at = ? WHERE id = ? AND state = 'active'",
+                              (next_at, now, reminder_id))
+
     async def next_due(self) -> float | None:
         row = await self.db.fetchone(
             "SELECT min(r.next_at) FROM reminders r JOIN chats c ON c.address = r.address "
