@@ -52,7 +52,8 @@ from ..storage.state import StateCorrupt, corrupt
 from ..storage.store import Store
 from .turns import PushError, Pushes, iso, whole
 
-__all__ = ["LATE_AFTER", "LOOK_EVERY", "MAX_PER_CHAT", "MAX_TEXT", "Reminder", "Reminders"]
+__all__ = ["ASSISTANT_EVERY", "ASSISTANT_MAX", "ASSISTANT_RECURRING", "LATE_AFTER", "LOOK_EVERY", "MAX_PER_CHAT",
+           "MAX_TEXT", "Reminder", "Reminders"]
 
 logger = log.get("bridge.push.reminders")
 
@@ -61,6 +62,13 @@ MAX_TEXT = 2_000
 LATE_AFTER = 60.0  # seconds past its instant: a fire is marked late
 LOOK_EVERY = 30.0  # the loop reads the wall clock at least this often
 BATCH = 50  # reminders fired in one transaction, at most
+# S9: what the assistant may set on its own (the owner's own reminders: MAX_PER_CHAT). Each fire
+# is an owner turn with the tools, so a reminder the assistant was talked into setting can keep an
+# injected instruction alive; bounded, the worst a chat gets is ASSISTANT_RECURRING turns an hour
+# (120 a day; before: 100 reminders every minute, 144 000 a day). docs/security.md says why these.
+ASSISTANT_MAX = 20  # active reminders the assistant set, per chat
+ASSISTANT_RECURRING = 5  # of which recurring
+ASSISTANT_EVERY = 3600.0  # seconds: an assistant's recurring reminder falls due at most once an hour
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +85,7 @@ class Reminder:
     author: str  # owner | assistant
     created_at: float
     paused: bool = False
+    set_in: str | None = None  # the assistant's: the turn it was set in, in words (S9)
 
     def as_record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "text": self.text}
@@ -122,6 +131,20 @@ def _parse_cron(value: object, zone: zoneinfo.ZoneInfo, now: float) -> tuple[str
                                 "day-of-week, e.g. \"30 8 * * *\".") from None
 
 
+def _often(cron: str, zone: zoneinfo.ZoneInfo, now: float) -> None:
+    """S9: the assistant's recurring reminder falls due at most once per :data:`ASSISTANT_EVERY`.
+    A cron's instants repeat day by day, so more than 24 a day show a gap under an hour within
+    the first 25 of them."""
+    at = _cron_next(cron, zone, now)
+    for _ in range(25):
+        after = _cron_next(cron, zone, at)
+        if after - at < ASSISTANT_EVERY:
+            raise PushError("cron", f"{cron!r} falls due more often than once an hour; a reminder you set on your "
+                                    "own may fall due at most hourly (e.g. \"0 * * * *\"). The owner can set a "
+                                    "more frequent one.")
+        at = after
+
+
 def _parse_at(value: object, now: float) -> tuple[str, float]:
     problem = ("at is an ISO 8601 date and time with its offset, e.g. \"2026-12-24T09:00:00+01:00\" or "
                "\"2026-12-24T08:00:00Z\".")
@@ -163,7 +186,8 @@ class Reminders:
     def _of(row: Any) -> Reminder:
         return Reminder(id=row["id"], address=row["address"], text=row["text"], at=row["at"], cron=row["cron"],
                         tz=row["tz"], next_at=row["next_at"], last_fired=row["last_fired"], state=row["state"],
-                        author=row["author"], created_at=row["created_at"], paused=bool(row["paused"]))
+                        author=row["author"], created_at=row["created_at"], paused=bool(row["paused"]),
+                        set_in=row["set_in"])
 
     async def active(self, address: str) -> list[Reminder]:
         """The chat's active reminders, the next due first."""
@@ -176,8 +200,9 @@ class Reminders:
     # -- writing ----------------------------------------------------------------------------
 
     async def set(self, address: str, text: object, *, at: object = None, cron: object = None, tz: object = None,
-                  author: str = "owner") -> Reminder:
-        """A new reminder of the chat (W7); :class:`PushError` names the field at fault."""
+                  author: str = "owner", set_in: str | None = None) -> Reminder:
+        """A new reminder of the chat (W7); :class:`PushError` names the field at fault. The
+        assistant's (``author="assistant"``, ``set_in`` the turn it sets it in) are bounded (S9)."""
         if not isinstance(text, str) or not text.strip():
             raise PushError("text", "text is what the reminder asks of you when it falls due: a non-empty string.")
         if len(text) > MAX_TEXT:
@@ -194,6 +219,8 @@ class Reminders:
         else:
             cron_text, next_at = _parse_cron(cron, zone, now)
             at_text = None
+            if author == "assistant":
+                _often(cron_text, zone, now)
         reminder_id = f"r{uuid.uuid4().hex[:12]}"
         async with self.db.transaction():
             if await self.store.chat(address) is None:
@@ -201,14 +228,29 @@ class Reminders:
             if await self.sql.active_count(address) >= MAX_PER_CHAT:
                 raise PushError("chat", f"This chat has {MAX_PER_CHAT} reminders already, the most it may have: "
                                         "cancel one first.", status=422, code="too_many")
+            if author == "assistant":
+                await self._within_the_assistants_share(address, recurring=cron_text is not None)
             await self.sql.add_reminder(id=reminder_id, address=address, text=text, at=at_text, cron=cron_text,
-                                        tz=zone_name, next_at=next_at, author=author, created_at=now, updated_at=now)
+                                        tz=zone_name, next_at=next_at, author=author, set_in=set_in, created_at=now,
+                                        updated_at=now)
             found = await self.get(address, reminder_id)  # before the commit, the last step (F14)
         assert found is not None
         logger.info("reminder_set", address=address, reminder=reminder_id, at=at_text, cron=cron_text, tz=zone_name,
                     next_at=iso(next_at), author=author)
         self.changed.set()
         return found
+
+    async def _within_the_assistants_share(self, address: str, *, recurring: bool) -> None:
+        """S9: the assistant's active reminders of the chat leave room for one more."""
+        mine = await self.sql.assistants(address)
+        if len(mine) >= ASSISTANT_MAX:
+            raise PushError("chat", f"You have set {ASSISTANT_MAX} reminders in this chat already, the most you may "
+                                    "set on your own: cancel one, or ask the owner to set it (/reminders, the owner "
+                                    "API).", status=422, code="too_many")
+        if recurring and sum(r["cron"] is not None for r in mine) >= ASSISTANT_RECURRING:
+            raise PushError("cron", f"You have {ASSISTANT_RECURRING} recurring reminders in this chat already, the "
+                                    "most you may set on your own: cancel one, set a one-time one (at), or ask the "
+                                    "owner to set it.", status=422, code="too_many")
 
     async def cancel(self, address: str, reminder_id: str) -> bool:
         """True when an active reminder of the chat was cancelled."""
@@ -252,7 +294,7 @@ class Reminders:
         if fresh:
             late = now - due > LATE_AFTER
             turn = PushedTurn(text=r.text, source="reminder", key=f"reminder:{r.id}:{iso(due)}", reminder=r.id,
-                              due=due, late=late)
+                              due=due, late=late, set_by=r.author, set_in=r.set_in)
             row, created = await self.pushes.enqueue(r.address, turn)
             logger.info("reminder_fired", address=r.address, reminder=r.id, due=iso(due), late=late, queue_id=row,
                         new=created)

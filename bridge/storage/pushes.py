@@ -73,9 +73,15 @@ class PushStore:
         return int(row[0]) if row else 0
 
     async def add_reminder(self, **fields: Any) -> None:
-        columns = ("id", "address", "text", "at", "cron", "tz", "next_at", "author", "created_at", "updated_at")
+        columns = ("id", "address", "text", "at", "cron", "tz", "next_at", "author", "set_in", "created_at",
+                   "updated_at")
         await self.db.execute(f"INSERT INTO reminders ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
                               tuple(fields[c] for c in columns))
+
+    async def assistants(self, address: str) -> list[sqlite3.Row]:
+        """The chat's active reminders the assistant set (S9: what it may set on its own is bounded)."""
+        return await self.db.fetchall("SELECT id, cron FROM reminders WHERE address = ? AND state = 'active' "
+                                      "AND author = 'assistant'", (address,))
 
     async def cancel_reminder(self, address: str, reminder_id: str, now: float) -> int:
         return await self.db.execute(

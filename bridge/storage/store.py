@@ -27,7 +27,7 @@ __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase",
            "Outgoing", "SchemaMismatch", "SchemaTooNew", "Store", "clear_dead", "mint_pairing_code", "owners_of",
            "people_meta", "read_status"]
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -261,6 +261,10 @@ _MIGRATIONS: dict[int, str] = {
         claim       TEXT NOT NULL,
         changes     TEXT NOT NULL DEFAULT '[]'
     )
+    """,
+    # S9: the turn in which the assistant set a reminder (what started it), told when it fires.
+    13: """
+    ALTER TABLE reminders ADD COLUMN set_in TEXT
     """,
 }
 

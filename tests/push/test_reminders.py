@@ -18,7 +18,7 @@ import pytest
 
 from bridge.app import notebook_config
 from bridge.notebook import Notebook
-from bridge.push.reminders import MAX_PER_CHAT, Reminders
+from bridge.push.reminders import ASSISTANT_MAX, ASSISTANT_RECURRING, MAX_PER_CHAT, Reminders
 from bridge.push.turns import PushError
 from bridge.web.listener import Listener
 from bridge.web.mcp import McpServer
@@ -617,3 +617,78 @@ async def test_after_a_restart_with_the_clock_ahead_is_corrected_the_next_instan
     clock.passes(90)
     await reminders(h).fire_due()
     assert dues(h)[-1] == (T0 + 180, False) and len(dues(h)) == 3
+
+
+# -- S9: the assistant's own reminders --------------------------------------------------------
+
+@pytest.fixture
+async def tools_clocked(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncIterator[tuple[Harness, Clock]]:
+    """The notebook and its MCP tools on, the reminders on a clock the test moves."""
+    clock = Clock()
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_NOTES_ENABLED="1")
+    h.wall = clock
+    await h.start()
+    assert h.s.notebook is not None
+    listener = Listener("127.0.0.1:0", store=h.s.store, queue=h.s.queue, ingest=None,  # type: ignore[arg-type]
+                        routes=[McpServer(h.s.notebook, h.s.store, reminders=reminders(h)).routes])
+    await listener.start()
+    assert listener._runner is not None
+    fake_eve.mcp_url = f"http://127.0.0.1:{listener._runner.addresses[0][1]}/mcp"
+    try:
+        yield h, clock
+    finally:
+        await listener.stop()
+        await h.stop()
+
+
+async def test_a_reminder_the_assistant_set_says_so_when_it_fires_and_the_owners_says_the_owner_did(
+        tools_clocked: tuple[Harness, Clock], tg: FakeTelegram, fake_eve: FakeEve):
+    """S9: eve is told, in the fired turn's context, that the assistant set the reminder itself (in
+    which turn, started by what) and that it is not the owner's instruction; an owner's reminder
+    says the owner set it."""
+    h, clock = tools_clocked
+    args = {"text": "check the build page", "cron": "0 * * * *"}
+    await tg.message(f"keep an eye on it [[mcp=chat_reminder_set {json.dumps(args)}]]", user_id=OWNER)
+    await h.settled()
+    assert not fake_eve.mcp_results[-1].get("is_error"), fake_eve.mcp_results[-1]
+    [mine] = await reminders(h).active(A)
+    assert mine.author == "assistant" and mine.set_in == f"in a turn at {utc(T0)} started by a message in the chat"
+    await reminders(h).set(A, "water the plants", at=utc(T0 + 1800))
+    clock.now = T0 + 3600
+    await reminders(h).fire_due()
+    await h.settled()
+    contexts = pushed_contexts(fake_eve)
+    [owners] = [c for c in contexts if "the owner set this reminder" in c]
+    [assistants] = [c for c in contexts if f"reminder {mine.id}" in c]
+    assert "you (the assistant) set this reminder yourself in a turn at 2026-12-02T08:00:00+00:00 started by a " \
+           "message in the chat, not the owner" in assistants
+    assert "you (the assistant)" not in owners
+
+
+async def test_what_the_assistant_may_set_on_its_own_is_bounded_in_count_and_rate(
+        tools_clocked: tuple[Harness, Clock], tg: FakeTelegram, fake_eve: FakeEve):
+    """S9: a recurring reminder of the assistant's falls due at most hourly (a model told to set an
+    every-minute one gets an error naming cron); at most 5 recurring and 20 in all of its own per
+    chat; the owner's own reminders are not counted against it, nor bounded by it."""
+    h, _clock = tools_clocked
+    args = {"text": "say hi", "cron": "*/5 * * * *"}
+    await tg.message(f"nag me [[mcp=chat_reminder_set {json.dumps(args)}]]", user_id=OWNER)
+    await h.settled()
+    refused = fake_eve.mcp_results[-1]
+    assert refused["is_error"] and refused["output"].startswith("cron:") and "hourly" in refused["output"], refused
+    assert await reminders(h).active(A) == []
+    with pytest.raises(PushError) as caught:
+        await reminders(h).set(A, "twice at nine", cron="0,30 9 * * *", author="assistant")
+    assert caught.value.field == "cron"
+    for i in range(ASSISTANT_RECURRING):
+        await reminders(h).set(A, f"hourly {i}", cron=f"{i} * * * *", author="assistant")
+    with pytest.raises(PushError) as caught:
+        await reminders(h).set(A, "one more", cron="59 * * * *", author="assistant")
+    assert caught.value.field == "cron" and caught.value.code == "too_many"
+    await reminders(h).set(A, "the owner's, every minute", cron="* * * * *")  # the owner's: not bounded so
+    for i in range(ASSISTANT_MAX - ASSISTANT_RECURRING):
+        await reminders(h).set(A, f"once {i}", at=utc(T0 + 3600 + i), author="assistant")
+    with pytest.raises(PushError) as caught:
+        await reminders(h).set(A, "once more", at=utc(T0 + 7200), author="assistant")
+    assert caught.value.field == "chat" and caught.value.code == "too_many"
+    assert len(await reminders(h).active(A)) == ASSISTANT_MAX + 1
