@@ -291,6 +291,14 @@ class Reminders:
         assert r.next_at is not None
         due = r.next_at
         fresh = r.last_fired is None or due > r.last_fired
+        last = max(due, r.last_fired or due)
+        try:
+            # A recurring one's next instant is the first after now (and after the last fire):
+            # missed ones never fire one by one. Read first: a fault here touches nothing.
+            upcoming = None if r.cron is None else _cron_next(r.cron, _zone(r.tz, "UTC")[1], max(now, last))
+        except (PushError, StopIteration, ValueError, OverflowError) as exc:
+            await self._broken(r, now, exc)
+            return False
         if fresh:
             late = now - due > LATE_AFTER
             turn = PushedTurn(text=r.text, source="reminder", key=f"reminder:{r.id}:{iso(due)}", reminder=r.id,
@@ -298,10 +306,6 @@ class Reminders:
             row, created = await self.pushes.enqueue(r.address, turn)
             logger.info("reminder_fired", address=r.address, reminder=r.id, due=iso(due), late=late, queue_id=row,
                         new=created)
-        last = max(due, r.last_fired or due)
-        # A recurring one's next instant is the first after now (and after the last fire): missed
-        # ones never fire one by one.
-        upcoming = None if r.cron is None else _cron_next(r.cron, _zone(r.tz, "UTC")[1], max(now, last))
         await self.sql.reminder_fired(r.id, last_fired=last, next_at=upcoming, now=now)
         return fresh
 
@@ -324,6 +328,20 @@ class Reminders:
                                 next_at=iso(upcoming))
                     moved += 1
         return moved
+
+    async def _broken(self, r: Reminder, now: float, exc: Exception) -> None:
+        """In the caller's transaction: a reminder whose next instant cannot be read (its zone gone
+        from tzdata) stops — it alone, never the batch nor any other chat's — and its chat is told
+        once (the outbox key names it)."""
+        logger.error("reminder_broken", address=r.address, reminder=r.id, tz=r.tz, cron=r.cron, error=str(exc)[:300])
+        await self.sql.reminder_broken(r.id, now)
+        chat = await self.store.chat(r.address)
+        if chat is not None:
+            await self.store.put_outgoing(
+                r.address, f"reminder-broken:{r.id}", chat.chat_id, chat.thread_id,
+                f"⚠️ The reminder “{' '.join(r.text.split())[:80]}” ({r.id}) stopped: its time could not be read "
+                f"({' '.join(str(exc).split())[:120]}). Set it again (time zone {r.tz!r}).", format="plain")
+            self.pushes.spawn(self.pushes.flush(r.address))
 
     async def next_due(self) -> float | None:
         return await self.sql.next_due()

@@ -37,7 +37,7 @@ from ..storage.store import Chat, Store
 from ..telegram.texts import t
 
 __all__ = ["MAX_KEY", "MAX_TEXT", "PushError", "Pushes", "TurnState", "alone", "context", "failed_line",
-           "iso", "person_depth", "told", "turn_failed", "unsteered", "whole"]
+           "iso", "person_depth", "stopped", "told", "turn_failed", "unsteered", "whole"]
 
 logger = log.get("bridge.push")
 
@@ -96,7 +96,7 @@ class TurnState:
     """What ``GET …/turns/{id}`` answers."""
 
     id: str
-    state: str  # queued | running | answered | failed
+    state: str  # queued | running | answered | stopped | failed
     source: str
     key: str | None
     queued_at: float
@@ -201,7 +201,8 @@ class Pushes:
         item = PushedTurn.from_payload(payload)
         state = State(row["state"])
         failed = item.failed if state is State.DONE else ("dropped by /new" if state is State.DROPPED else None)
-        name = {State.QUEUED: "queued", State.INFLIGHT: "running"}.get(state, "failed" if failed else "answered")
+        name = {State.QUEUED: "queued", State.INFLIGHT: "running"}.get(
+            state, "failed" if failed else "stopped" if payload.get("stopped") else "answered")
         return TurnState(id=_turn_id(row_id), state=name, source=item.source, key=item.key,
                          queued_at=row["enqueued_at"], started_at=row["claimed_at"],
                          finished_at=row["finished_at"] if state in (State.DONE, State.DROPPED) else None,
@@ -311,6 +312,14 @@ async def told(db: Database, address: str, upto: int | None) -> None:
     if upto is None:
         return
     await PushStore(db).mark_told(address, upto)
+
+
+async def stopped(queue: DiskQueue, inflight: Sequence[Message]) -> None:
+    """The pushed turns among ``inflight`` were stopped before eve had them: they read
+    ``stopped``, not ``answered``."""
+    for message in inflight:
+        if message.payload.get("kind") == PushedTurn.kind:
+            await queue.replace(message.id, {**message.payload, "stopped": True}, state=State.INFLIGHT)
 
 
 async def turn_failed(queue: DiskQueue, chat: Chat, reason: str) -> str | None:

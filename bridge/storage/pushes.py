@@ -110,6 +110,11 @@ class PushStore:
         await self.db.execute("UPDATE reminders SET next_at = ?, updated_at = ? WHERE id = ? AND state = 'active'",
                               (next_at, now, reminder_id))
 
+    async def reminder_broken(self, reminder_id: str, now: float) -> None:
+        """A reminder that cannot fire any more (its zone gone): ``failed``, no next instant."""
+        await self.db.execute("UPDATE reminders SET state = 'failed', next_at = NULL, updated_at = ? WHERE id = ?",
+                              (now, reminder_id))
+
     async def next_due(self) -> float | None:
         row = await self.db.fetchone(
             "SELECT min(r.next_at) FROM reminders r JOIN chats c ON c.address = r.address "
