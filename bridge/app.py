@@ -31,6 +31,7 @@ import eve_client as eve
 from . import backoff, log, systemd
 from .chat.services import ContextWindow, PeriodClock, Services
 from .chat.worker import Scheduler
+from .clock import CLOCK, Clock
 from .config import Settings, listener_problem
 from .intake.commands import Commands
 from .intake.ingest import Ingest
@@ -246,13 +247,13 @@ class Bridge:
 class Seams:
     """What a test puts in place of a part of the graph (tests/harness.py); the defaults are the
     product's: the state's opener, the pacer's clock and sleep, eve's HTTP transport, the
-    reminders' wall clock, the busy periods' clock, how the bot's session is closed, and whether the listener listens."""
+    reminders' steady clock, the busy periods' clock, how the bot's session is closed, and whether the listener listens."""
 
     open_state: Callable[[Path], Awaitable[OpenedState]] = open_state
     pacer_clock: Callable[[], float] | None = None
     pacer_sleep: Callable[[float], Awaitable[Any]] | None = None
     eve_transport: httpx.AsyncBaseTransport | None = None
-    wall: Callable[[], float] = time.time
+    clock: Clock = CLOCK  # the reminders' time: steady (F12, bridge/clock.py)
     close_bot: Callable[[Bot], Awaitable[Any]] | None = None
     listen: bool = True
     period_clock: PeriodClock | None = None  # the busy periods' time (bridge/chat/services.py)
@@ -330,8 +331,7 @@ async def open_bridge(settings: Settings, stack: contextlib.AsyncExitStack, *,
     stack.push_async_callback(scheduler.close)
     # W1-W9: pushed turns, notifications and reminders, through the chat's queue and outbox.
     pushes = Pushes(db, queue, store, wake=scheduler.wake, flush=services.outbox.flush, spawn=spawn)
-    wall = seams.wall
-    reminders = Reminders(db, store, pushes, default_tz=s.tz, clock=lambda: wall())
+    reminders = Reminders(db, store, pushes, default_tz=s.tz, clock=seams.clock.now)
     commands = Commands(services, scheduler, reminders)
     ingest = Ingest(services=services, me=me, scheduler=scheduler, commands=commands)
     owner_api = OwnerApi(s.api_token, notebook, store)

@@ -31,7 +31,7 @@ from aiogram.types import User
 from bridge.app import Seams, open_bridge
 from bridge.chat.services import PeriodClock, Services
 from bridge.chat.worker import Scheduler
-from bridge.clock import CLOCK
+from bridge.clock import CLOCK, Clock
 from bridge.config import Settings
 from bridge.intake.ingest import Ingest
 from bridge.log import Redactor
@@ -161,10 +161,12 @@ class Harness:
         # checks the file first — a corrupt one quarantined, a fresh one made — and the harness's
         # KillingDatabase then opens what it left.
         self.check_state = False
-        # W1-W9: pushed turns and reminders; the reminders read this wall clock (a test moves it)
-        # and fire when the test calls ``reminders.fire_due()``, or on their own loop when
-        # ``reminders_loop`` is set before start.
+        # W1-W9: pushed turns and reminders; the reminders read a steady clock (bridge/clock.py,
+        # F12) made at each start of these two (a test moves them: both for time passing, ``wall``
+        # alone for a step; ``mono`` None: the same as ``wall``), and fire when the test calls
+        # ``reminders.fire_due()``, or on their own loop when ``reminders_loop`` is set before start.
         self.wall: Callable[[], float] = time.time
+        self.mono: Callable[[], float] | None = None
         self.reminders_loop = False
         self.pushes: Pushes | None = None
         self.reminders: Reminders | None = None
@@ -207,7 +209,7 @@ class Harness:
         async def get_me(bot: Bot) -> User:
             return await bot.get_me()
 
-        seams = Seams(open_state=killing_state, eve_transport=self.eve_transport, wall=lambda: self.wall(),
+        seams = Seams(open_state=killing_state, eve_transport=self.eve_transport, clock=self._steady(),
                       pacer_clock=None if self.clock is None else self.clock,
                       pacer_sleep=None if self.clock is None else self.clock.sleep,
                       close_bot=close_bot, listen=self.listen,
@@ -234,6 +236,10 @@ class Harness:
         await self.scheduler.recover()
         if self.reminders_loop:
             self.spawn(self.reminders.run(look_every=0.2))
+
+    def _steady(self) -> Clock:
+        """The reminders' steady clock of this start, read off the test's ``wall`` and ``mono``."""
+        return Clock(wall=lambda: self.wall(), mono=lambda: (self.mono or self.wall)(), boot="harness")
 
     async def daemon_steps(self) -> None:
         """What ``Bridge.run`` does after ``open_bridge`` and the harness does not: the command

@@ -49,6 +49,7 @@ Modules, in import order (each imports only those below it):
 * :mod:`.services` — the frozen bundle of services the machinery is given;
 * :mod:`.outbox` — durable notices and replies on their way to Telegram;
 * :mod:`.transitions` — every write of a chat's state;
+* :mod:`.askers` — who may answer a turn's question (S3; a pushed turn's: its chat's people, F11);
 * :mod:`.parking` — the pure decisions (threshold, C8, back-off);
 * :mod:`.albums` — the pure decision of which claimed messages go now (an album whole, once
   settled: ``claim_turn`` answers :class:`~.transitions.Settling` until then);

@@ -11,6 +11,7 @@ from diskqueue import Message
 
 from .. import log
 from ..metrics import METRICS
+from ..push import turns as pushed
 from ..storage.payloads import Kind, Origin, decode
 from ..storage.store import Chat, CompactPhase
 from ..telegram.texts import t
@@ -55,7 +56,9 @@ async def resume(s: Services, inbox: Inbox, chat: Chat) -> None:
             # the person is told and the chat moves on, instead of one message blocking it.
             inflight = await s.queue.inflight(chat.address)
             if chat.stop_wanted:
-                # Stopped before eve ever had it (a restart in between): it is not sent at all.
+                # Stopped before eve ever had it (a restart in between): it is not sent at all (a
+                # pushed turn reads "stopped").
+                await pushed.stopped(s.queue, [m for m in inflight if m.claim == chat.claim])
                 await end(s, chat.address, chat.claim, Refused(None))
                 logger.info("stopped_before_sent", messages=[m.id for m in inflight])
                 return

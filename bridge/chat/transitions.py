@@ -34,7 +34,7 @@ from ..errors import BridgeError
 from ..push import turns as pushed
 from ..storage.payloads import InputAnswer, Kind, Origin, PushedTurn, Queued, QueuedMessage, decode
 from ..storage.store import CancelMark, Chat, ChatStatus, CompactPhase, Store
-from . import albums, draftids, owners, parking
+from . import albums, askers, draftids, owners, parking
 
 if TYPE_CHECKING:
     from ..notebook import Notebook
@@ -392,7 +392,9 @@ class Transitions:
             steer = steer_claim(claim)
             claimed = await self.queue.claim(address, limit=limit + albums.LOOKAHEAD, claim=steer)
             claimed = await pushed.unsteered(self.queue, claimed, claim=steer)  # W1: never steered into a turn
-            if self.notebook is not None:  # N1: the notebook rides one kind of turn; the other kind waits
+            if self.notebook is not None and not await askers.pushed_question(self.queue, chat):
+                # N1: the notebook rides one kind of turn; the other kind waits. A pushed turn's
+                # question is the chat's people's (F11): their answer joins it (the turn shared).
                 claimed = await owners.own_kind(self.queue, claimed, owner_turn=chat.owner_turn, claim=steer)
             if not claimed:
                 return None

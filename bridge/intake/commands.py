@@ -16,11 +16,12 @@ from aiogram.exceptions import TelegramAPIError
 from aiogram.types import CallbackQuery, Message
 
 from .. import log
+from ..chat import askers
 from ..chat.notewrites import changes_line
 from ..chat.services import Services
 from ..chat.transitions import ChatState, state_of
 from ..people import Redeemed, Role, link
-from ..storage.payloads import Kind, Origin, PeopleButton, QueuedMessage, decode
+from ..storage.payloads import Kind, Origin, PeopleButton
 from ..storage.store import Chat
 from ..telegram.texts import number, t
 from .addressing import Address
@@ -141,11 +142,13 @@ class Commands:
 
     async def _may_interrupt(self, message: Message, chat: Chat | None, address: str) -> bool:
         """/stop's and /new's rule: in private, or while the chat is idle, anyone who may talk;
-        in a group while it is busy, an owner or a person whose message the running turn answers."""
+        in a group while it is busy, an owner or a person whose message the running turn answers
+        (of a pushed turn's or a reminder's: anyone who may talk there, F11)."""
         if message.chat.type == "private" or chat is None or not chat.busy:
             return True
         user = message.from_user.id if message.from_user is not None else 0
-        return await self.s.people.is_owner(user) or (chat.kind is Kind.TURN and user in await self._askers(address))
+        return await self.s.people.is_owner(user) or (
+            chat.kind is Kind.TURN and askers.may_answer(await askers.running(self.s.queue, chat), user))
 
     @staticmethod
     def _asker(message: Message) -> int | None:
@@ -153,11 +156,6 @@ class Commands:
         if message.chat.type == "private" or message.from_user is None:
             return None
         return message.from_user.id
-
-    async def _askers(self, address: str) -> set[int]:
-        """The people whose messages the running turn answers."""
-        return {m.user_id for m in (decode(r.payload) for r in await self.s.queue.inflight(address))
-                if isinstance(m, QueuedMessage)}
 
     # -- people: a one-time link, /invite, /users (P1, P2) ------------------------------------
 

@@ -28,6 +28,7 @@ from aiogram.exceptions import (
 from aiogram.types import CallbackQuery, Message, Update, User
 
 from .. import backoff, log
+from ..chat import askers
 from ..chat.services import Services
 from ..chat.worker import Scheduler
 from ..clock import CLOCK
@@ -302,7 +303,7 @@ class Ingest:
                 note = t("input_closed", lang)
                 return "refused"
             user = query.from_user.id
-            if not await self.s.people.is_owner(user) and user not in json.loads(prompt["askers"] or "[]") \
+            if not await self.s.people.is_owner(user) and not askers.may_answer(json.loads(prompt["askers"] or "[]"), user) \
                     and prompt["chat_id"] is not None:
                 note = t("input_not_yours", lang)
                 return "refused"

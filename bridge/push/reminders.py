@@ -8,9 +8,16 @@ that fired (``last_fired``), durably.
 
 Time, honestly:
 
-- The loop sleeps on the event loop's clock, which is monotonic, never longer than
-  :data:`LOOK_EVERY` at a time, and then reads the wall clock again: a step of the wall clock
-  is seen within that.
+- Reminders read the bridge's steady clock (:mod:`bridge.clock`: the wall clock read at start plus
+  the monotonic time since, F12): a step of the wall clock while Iva runs, forward or back, moves
+  no reminder — none fires early marked late during a forward step, none falls silent for the
+  length of the step once it is corrected. The loop sleeps on the event loop's clock (monotonic),
+  never longer than :data:`LOOK_EVERY` at a time.
+- A correction reaches the reminders at a start (the steady clock anchored to the wall clock
+  again) — a process that ran with the clock ahead computed next instants too far ahead: at the
+  first look of each start (and whenever the clock reads earlier than at the last look) a
+  recurring reminder's next instant is recomputed from the later of now and its last real fire,
+  when that comes sooner than the stored one.
 - A fire is the pushed turn's queue row keyed ``reminder:<id>:<due instant>``, committed with
   the reminder's next due instant and its ``last_fired``: a restart anywhere fires it once.
 - Due while Iva was down, or the clock stepped forward past it: it fires once, marked late
@@ -45,7 +52,8 @@ from ..storage.state import StateCorrupt, corrupt
 from ..storage.store import Store
 from .turns import PushError, Pushes, iso, whole
 
-__all__ = ["LATE_AFTER", "LOOK_EVERY", "MAX_PER_CHAT", "MAX_TEXT", "Reminder", "Reminders"]
+__all__ = ["ASSISTANT_EVERY", "ASSISTANT_MAX", "ASSISTANT_RECURRING", "LATE_AFTER", "LOOK_EVERY", "MAX_PER_CHAT",
+           "MAX_TEXT", "Reminder", "Reminders"]
 
 logger = log.get("bridge.push.reminders")
 
@@ -54,6 +62,13 @@ MAX_TEXT = 2_000
 LATE_AFTER = 60.0  # seconds past its instant: a fire is marked late
 LOOK_EVERY = 30.0  # the loop reads the wall clock at least this often
 BATCH = 50  # reminders fired in one transaction, at most
+# S9: what the assistant may set on its own (the owner's own reminders: MAX_PER_CHAT). Each fire
+# is an owner turn with the tools, so a reminder the assistant was talked into setting can keep an
+# injected instruction alive; bounded, the worst a chat gets is ASSISTANT_RECURRING turns an hour
+# (120 a day; before: 100 reminders every minute, 144 000 a day). docs/security.md says why these.
+ASSISTANT_MAX = 20  # active reminders the assistant set, per chat
+ASSISTANT_RECURRING = 5  # of which recurring
+ASSISTANT_EVERY = 3600.0  # seconds: an assistant's recurring reminder falls due at most once an hour
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +85,7 @@ class Reminder:
     author: str  # owner | assistant
     created_at: float
     paused: bool = False
+    set_in: str | None = None  # the assistant's: the turn it was set in, in words (S9)
 
     def as_record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "text": self.text}
@@ -115,6 +131,20 @@ def _parse_cron(value: object, zone: zoneinfo.ZoneInfo, now: float) -> tuple[str
                                 "day-of-week, e.g. \"30 8 * * *\".") from None
 
 
+def _often(cron: str, zone: zoneinfo.ZoneInfo, now: float) -> None:
+    """S9: the assistant's recurring reminder falls due at most once per :data:`ASSISTANT_EVERY`.
+    A cron's instants repeat day by day, so more than 24 a day show a gap under an hour within
+    the first 25 of them."""
+    at = _cron_next(cron, zone, now)
+    for _ in range(25):
+        after = _cron_next(cron, zone, at)
+        if after - at < ASSISTANT_EVERY:
+            raise PushError("cron", f"{cron!r} falls due more often than once an hour; a reminder you set on your "
+                                    "own may fall due at most hourly (e.g. \"0 * * * *\"). The owner can set a "
+                                    "more frequent one.")
+        at = after
+
+
 def _parse_at(value: object, now: float) -> tuple[str, float]:
     problem = ("at is an ISO 8601 date and time with its offset, e.g. \"2026-12-24T09:00:00+01:00\" or "
                "\"2026-12-24T08:00:00Z\".")
@@ -148,6 +178,7 @@ class Reminders:
         self.default_tz = default_tz
         self.clock = clock
         self.changed = asyncio.Event()  # a reminder was set or cancelled, a chat unblocked: look again
+        self.looked: float | None = None  # the clock at the last look (None: none yet in this process)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -155,7 +186,8 @@ class Reminders:
     def _of(row: Any) -> Reminder:
         return Reminder(id=row["id"], address=row["address"], text=row["text"], at=row["at"], cron=row["cron"],
                         tz=row["tz"], next_at=row["next_at"], last_fired=row["last_fired"], state=row["state"],
-                        author=row["author"], created_at=row["created_at"], paused=bool(row["paused"]))
+                        author=row["author"], created_at=row["created_at"], paused=bool(row["paused"]),
+                        set_in=row["set_in"])
 
     async def active(self, address: str) -> list[Reminder]:
         """The chat's active reminders, the next due first."""
@@ -168,8 +200,9 @@ class Reminders:
     # -- writing ----------------------------------------------------------------------------
 
     async def set(self, address: str, text: object, *, at: object = None, cron: object = None, tz: object = None,
-                  author: str = "owner") -> Reminder:
-        """A new reminder of the chat (W7); :class:`PushError` names the field at fault."""
+                  author: str = "owner", set_in: str | None = None) -> Reminder:
+        """A new reminder of the chat (W7); :class:`PushError` names the field at fault. The
+        assistant's (``author="assistant"``, ``set_in`` the turn it sets it in) are bounded (S9)."""
         if not isinstance(text, str) or not text.strip():
             raise PushError("text", "text is what the reminder asks of you when it falls due: a non-empty string.")
         if len(text) > MAX_TEXT:
@@ -186,6 +219,8 @@ class Reminders:
         else:
             cron_text, next_at = _parse_cron(cron, zone, now)
             at_text = None
+            if author == "assistant":
+                _often(cron_text, zone, now)
         reminder_id = f"r{uuid.uuid4().hex[:12]}"
         async with self.db.transaction():
             if await self.store.chat(address) is None:
@@ -193,14 +228,29 @@ class Reminders:
             if await self.sql.active_count(address) >= MAX_PER_CHAT:
                 raise PushError("chat", f"This chat has {MAX_PER_CHAT} reminders already, the most it may have: "
                                         "cancel one first.", status=422, code="too_many")
+            if author == "assistant":
+                await self._within_the_assistants_share(address, recurring=cron_text is not None)
             await self.sql.add_reminder(id=reminder_id, address=address, text=text, at=at_text, cron=cron_text,
-                                        tz=zone_name, next_at=next_at, author=author, created_at=now, updated_at=now)
+                                        tz=zone_name, next_at=next_at, author=author, set_in=set_in, created_at=now,
+                                        updated_at=now)
+            found = await self.get(address, reminder_id)  # before the commit, the last step (F14)
+        assert found is not None
         logger.info("reminder_set", address=address, reminder=reminder_id, at=at_text, cron=cron_text, tz=zone_name,
                     next_at=iso(next_at), author=author)
         self.changed.set()
-        found = await self.get(address, reminder_id)
-        assert found is not None
         return found
+
+    async def _within_the_assistants_share(self, address: str, *, recurring: bool) -> None:
+        """S9: the assistant's active reminders of the chat leave room for one more."""
+        mine = await self.sql.assistants(address)
+        if len(mine) >= ASSISTANT_MAX:
+            raise PushError("chat", f"You have set {ASSISTANT_MAX} reminders in this chat already, the most you may "
+                                    "set on your own: cancel one, or ask the owner to set it (/reminders, the owner "
+                                    "API).", status=422, code="too_many")
+        if recurring and sum(r["cron"] is not None for r in mine) >= ASSISTANT_RECURRING:
+            raise PushError("cron", f"You have {ASSISTANT_RECURRING} recurring reminders in this chat already, the "
+                                    "most you may set on your own: cancel one, set a one-time one (at), or ask the "
+                                    "owner to set it.", status=422, code="too_many")
 
     async def cancel(self, address: str, reminder_id: str) -> bool:
         """True when an active reminder of the chat was cancelled."""
@@ -217,6 +267,10 @@ class Reminders:
         """Fire what is due now (on the wall clock): each a pushed turn committed with the
         reminder's next instant. Returns the addresses woken."""
         woken: list[str] = []
+        now = self.clock()
+        if self.looked is None or now < self.looked:
+            await self.recompute(now)
+        self.looked = now
         while True:
             now = self.clock()
             fired: list[str] = []
@@ -237,19 +291,57 @@ class Reminders:
         assert r.next_at is not None
         due = r.next_at
         fresh = r.last_fired is None or due > r.last_fired
+        last = max(due, r.last_fired or due)
+        try:
+            # A recurring one's next instant is the first after now (and after the last fire):
+            # missed ones never fire one by one. Read first: a fault here touches nothing.
+            upcoming = None if r.cron is None else _cron_next(r.cron, _zone(r.tz, "UTC")[1], max(now, last))
+        except (PushError, StopIteration, ValueError, OverflowError) as exc:
+            await self._broken(r, now, exc)
+            return False
         if fresh:
             late = now - due > LATE_AFTER
             turn = PushedTurn(text=r.text, source="reminder", key=f"reminder:{r.id}:{iso(due)}", reminder=r.id,
-                              due=due, late=late)
+                              due=due, late=late, set_by=r.author, set_in=r.set_in)
             row, created = await self.pushes.enqueue(r.address, turn)
             logger.info("reminder_fired", address=r.address, reminder=r.id, due=iso(due), late=late, queue_id=row,
                         new=created)
-        last = max(due, r.last_fired or due)
-        # A recurring one's next instant is the first after now (and after the last fire): missed
-        # ones never fire one by one.
-        upcoming = None if r.cron is None else _cron_next(r.cron, _zone(r.tz, "UTC")[1], max(now, last))
         await self.sql.reminder_fired(r.id, last_fired=last, next_at=upcoming, now=now)
         return fresh
+
+    async def recompute(self, now: float) -> int:
+        """F12: each recurring reminder's next instant, from the later of ``now`` and its last
+        real fire, where that is sooner than the stored one (computed on a clock that was ahead
+        since). How many moved."""
+        moved = 0
+        async with self.db.transaction():
+            for row in await self.sql.recurring():
+                r = self._of(row)
+                assert r.cron is not None
+                try:
+                    upcoming = _cron_next(r.cron, _zone(r.tz, "UTC")[1], max(now, r.last_fired or now))
+                except (PushError, StopIteration, ValueError):
+                    continue  # its fire says so (a zone gone from tzdata)
+                if r.next_at is None or upcoming < r.next_at:
+                    await self.sql.reminder_moved(r.id, next_at=upcoming, now=now)
+                    logger.info("reminder_recomputed", address=r.address, reminder=r.id, stored=iso(r.next_at),
+                                next_at=iso(upcoming))
+                    moved += 1
+        return moved
+
+    async def _broken(self, r: Reminder, now: float, exc: Exception) -> None:
+        """In the caller's transaction: a reminder whose next instant cannot be read (its zone gone
+        from tzdata) stops — it alone, never the batch nor any other chat's — and its chat is told
+        once (the outbox key names it)."""
+        logger.error("reminder_broken", address=r.address, reminder=r.id, tz=r.tz, cron=r.cron, error=str(exc)[:300])
+        await self.sql.reminder_broken(r.id, now)
+        chat = await self.store.chat(r.address)
+        if chat is not None:
+            await self.store.put_outgoing(
+                r.address, f"reminder-broken:{r.id}", chat.chat_id, chat.thread_id,
+                f"⚠️ The reminder “{' '.join(r.text.split())[:80]}” ({r.id}) stopped: its time could not be read "
+                f"({' '.join(str(exc).split())[:120]}). Set it again (time zone {r.tz!r}).", format="plain")
+            self.pushes.spawn(self.pushes.flush(r.address))
 
     async def next_due(self) -> float | None:
         return await self.sql.next_due()

@@ -168,13 +168,15 @@ class PushedTurn:
     due: float | None = None
     late: bool = False
     failed: str | None = None
+    set_by: str | None = None  # a reminder's: "owner" or "assistant" (S9)
+    set_in: str | None = None  # the assistant's reminder: the turn it was set in, in words (S9)
 
     kind = "pushed"
     owner = True  # pushed with the owner's token (or set by the owner): the owner's turn (N1)
 
     def to_payload(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "text": self.text, "source": self.source, "key": self.key}
-        for name in ("by", "reminder", "due", "failed"):
+        for name in ("by", "reminder", "due", "failed", "set_by", "set_in"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         if self.late:
@@ -191,7 +193,7 @@ class PushedTurn:
         return cls(text=str(payload.get("text") or ""), source=str(payload.get("source") or "api"),
                    key=text_or_none("key"), by=text_or_none("by"), reminder=text_or_none("reminder"),
                    due=float(due) if isinstance(due, int | float) else None, late=bool(payload.get("late")),
-                   failed=text_or_none("failed"))
+                   failed=text_or_none("failed"), set_by=text_or_none("set_by"), set_in=text_or_none("set_in"))
 
 
 Queued = QueuedMessage | InputAnswer | PushedTurn

@@ -73,9 +73,15 @@ class PushStore:
         return int(row[0]) if row else 0
 
     async def add_reminder(self, **fields: Any) -> None:
-        columns = ("id", "address", "text", "at", "cron", "tz", "next_at", "author", "created_at", "updated_at")
+        columns = ("id", "address", "text", "at", "cron", "tz", "next_at", "author", "set_in", "created_at",
+                   "updated_at")
         await self.db.execute(f"INSERT INTO reminders ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
                               tuple(fields[c] for c in columns))
+
+    async def assistants(self, address: str) -> list[sqlite3.Row]:
+        """The chat's active reminders the assistant set (S9: what it may set on its own is bounded)."""
+        return await self.db.fetchall("SELECT id, cron FROM reminders WHERE address = ? AND state = 'active' "
+                                      "AND author = 'assistant'", (address,))
 
     async def cancel_reminder(self, address: str, reminder_id: str, now: float) -> int:
         return await self.db.execute(
@@ -93,6 +99,21 @@ class PushStore:
         await self.db.execute(
             "UPDATE reminders SET state = CASE WHEN ? IS NULL THEN 'done' ELSE state END, next_at = ?, "
             "last_fired = ?, updated_at = ? WHERE id = ?", (next_at, next_at, last_fired, now, reminder_id))
+
+    async def recurring(self) -> list[sqlite3.Row]:
+        """Every active cron reminder (paused ones too): their next instants checked after a
+        correction of the clock (F12)."""
+        return await self.db.fetchall(f"{_REMINDERS} WHERE r.state = 'active' AND r.cron IS NOT NULL")
+
+    async def reminder_moved(self, reminder_id: str, *, next_at: float, now: float) -> None:
+        """An active reminder's next instant, recomputed (F12)."""
+        await self.db.execute("UPDATE reminders SET next_at = ?, updated_at = ? WHERE id = ? AND state = 'active'",
+                              (next_at, now, reminder_id))
+
+    async def reminder_broken(self, reminder_id: str, now: float) -> None:
+        """A reminder that cannot fire any more (its zone gone): ``failed``, no next instant."""
+        await self.db.execute("UPDATE reminders SET state = 'failed', next_at = NULL, updated_at = ? WHERE id = ?",
+                              (now, reminder_id))
 
     async def next_due(self) -> float | None:
         row = await self.db.fetchone(

@@ -28,7 +28,7 @@ __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase",
            "Outgoing", "SchemaMismatch", "SchemaTooNew", "Store", "clear_dead", "mint_pairing_code", "owners_of",
            "people_meta", "read_status"]
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -263,10 +263,14 @@ _MIGRATIONS: dict[int, str] = {
         changes     TEXT NOT NULL DEFAULT '[]'
     )
     """,
+    # S9: the turn in which the assistant set a reminder (what started it), told when it fires.
+    13: """
+    ALTER TABLE reminders ADD COLUMN set_in TEXT
+    """,
     # V2: eve 1.x's positions are (line, index of the fact in its line); the cursor remembers the
     # stream version it was read on (a 0.80 cursor is never applied to a 1.x stream). Every cursor
     # written so far was read on version 26.
-    13: """
+    14: """
     ALTER TABLE chats ADD COLUMN cursor_fact INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE chats ADD COLUMN stream_version INTEGER NOT NULL DEFAULT 0;
     UPDATE chats SET stream_version = 26 WHERE cursor > 0

@@ -3,7 +3,11 @@ A request with a browser ``Origin`` is refused (403), and so is a body that is n
 ``application/json`` (415) (S1, :mod:`bridge.web.guards`).
 
 ``{chat}`` is the Telegram chat id, or ``<chat id>:<topic id>`` for a forum topic. Errors are
-JSON: ``{"error": "<what is wrong and what to do>", "code": "<short code>"}``.
+JSON: ``{"error": "<what is wrong and what to do>", "code": "<short code>"}``. A storage fault (the
+database locked past its timeout, a full disk, an I/O error) is ``503`` with ``Retry-After`` and
+``{"code": "storage_unavailable", "retry_after"}`` (F14): every write of this API and of
+:mod:`bridge.web.push_api` commits as its last storage step, so a 503 means nothing was written and
+the same request may be sent again.
 
     GET    /v1/chats/{chat}/notes               the notebook: bodies, prev_body, what is new (ETag)
     PUT    /v1/chats/{chat}/notes/{name}        {"body", "description"?, "pinned"?}: the owner writes
@@ -17,10 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+
+from diskqueue import DatabaseError
 
 from .. import log
 from ..notebook.rules import NoteError, totals
@@ -35,6 +42,8 @@ logger = log.get("bridge.api")
 
 Handler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]  # (request, the chat's address)
 Guarded = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+RETRY_AFTER = 5  # seconds a client is asked to wait after a storage fault (F14)
 
 
 def _versioned(request: web.Request, data: dict[str, Any]) -> web.Response:
@@ -51,6 +60,15 @@ def _versioned(request: web.Request, data: dict[str, Any]) -> web.Response:
 def _fail(status: int, code: str, message: str, *, field: str | None = None, **headers: str) -> web.Response:
     body = {"error": message, "code": code} if field is None else {"error": message, "code": code, "field": field}
     return web.json_response(body, status=status, headers=headers or None)
+
+
+def _unavailable(request: web.Request, exc: Exception) -> web.Response:
+    """F14: a storage fault is JSON 503 with a retry hint, never aiohttp's text 500 and traceback.
+    Nothing was written (each write commits last): the same request may be sent again."""
+    logger.warning("api_storage_unavailable", path=request.path, method=request.method, error=str(exc)[:300])
+    body = {"error": f"Iva's storage failed ({exc}); nothing was written. Send the same request again in "
+                     f"{RETRY_AFTER} s.", "code": "storage_unavailable", "retry_after": RETRY_AFTER}
+    return web.json_response(body, status=503, headers={"Retry-After": str(RETRY_AFTER)})
 
 
 class OwnerApi:
@@ -92,12 +110,14 @@ class OwnerApi:
             except ValueError:
                 return _fail(400, "bad_chat", "A chat is its Telegram id, or <chat id>:<topic id> for a topic.",
                              field="chat")
-            if await self.store.chat(address) is None:
-                return _fail(404, "no_chat", f"Iva has no chat {request.match_info['chat']}.", field="chat")
             try:
+                if await self.store.chat(address) is None:
+                    return _fail(404, "no_chat", f"Iva has no chat {request.match_info['chat']}.", field="chat")
                 return await handler(request, address)
             except NoteError as exc:
                 return _fail(422, "rejected", str(exc))
+            except (sqlite3.Error, DatabaseError) as exc:
+                return _unavailable(request, exc)
         return guarded
 
     @staticmethod

@@ -76,3 +76,26 @@ class HandClock(PeriodClock):
         async with self._changed:
             self.t += seconds
             self._changed.notify_all()
+
+
+class SteppedWall:
+    """The wall clock and the monotonic clock of a process, moved by hand: :meth:`passes` moves
+    both (time passes), :meth:`step` the wall alone (NTP stepping it, an operator's ``date``).
+    ``wall`` and ``mono`` are the two readings (a :class:`bridge.clock.Clock` is made of them)."""
+
+    def __init__(self, wall: float, mono: float = 5_000.0) -> None:
+        self.at = wall
+        self.mono_at = mono
+
+    def wall(self) -> float:
+        return self.at
+
+    def mono(self) -> float:
+        return self.mono_at
+
+    def passes(self, seconds: float) -> None:
+        self.at += seconds
+        self.mono_at += seconds
+
+    def step(self, seconds: float) -> None:
+        self.at += seconds

@@ -18,12 +18,13 @@ import pytest
 
 from bridge.app import notebook_config
 from bridge.notebook import Notebook
-from bridge.push.reminders import MAX_PER_CHAT, Reminders
+from bridge.push.reminders import ASSISTANT_MAX, ASSISTANT_RECURRING, MAX_PER_CHAT, Reminders
 from bridge.push.turns import PushError
 from bridge.web.listener import Listener
 from bridge.web.mcp import McpServer
 from bridge.web.owner_api import OwnerApi
 from bridge.web.push_api import PushApi
+from tests.fakes.clock import SteppedWall
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import FRIEND, OWNER, Harness
@@ -135,12 +136,16 @@ async def test_a_clock_stepped_forward_gives_one_catch_up_and_back_never_fires_t
     assert json.loads(fired(h)[-1]["payload"])["late"] is True
     clock.now = T0 + 90  # stepped back to before both fires
     assert await reminders(h).fire_due() == []
-    clock.now = T0 + 3 * 3600 + 30
-    assert await reminders(h).fire_due() == []
-    assert len(fired(h)) == 2
+    # F12: the next instant comes from the later of now and the last real fire (not the hour ahead).
+    [now] = await reminders(h).active(A)
+    assert now.next_at == T0 + 180
+    clock.now = T0 + 3 * 3600 + 30  # forward again: one catch-up of an instant never fired
+    await reminders(h).fire_due()
+    dues = [json.loads(r["payload"])["due"] for r in fired(h)]
+    assert dues == [T0 + 60, T0 + 120, T0 + 180]  # none twice
     await h.settled()
     keys = [h.observe("SELECT dedupe_key FROM diskqueue_messages WHERE id = ?", (r["id"],))[0][0] for r in fired(h)]
-    assert len(set(keys)) == 2 and all(k.startswith(f"push:{A}:reminder:{now.id}:") for k in keys)
+    assert len(set(keys)) == 3 and all(k.startswith(f"push:{A}:reminder:{now.id}:") for k in keys)
 
 
 async def test_a_daily_reminder_stepped_back_over_its_instant_does_not_fire_again(clocked: tuple[Harness, Clock]):
@@ -536,3 +541,154 @@ async def test_a_non_owner_pressing_a_cancel_button_in_a_group_is_told_only_the_
     await h.settled()
     assert await reminders(h).active(str(GROUP)) == []
     assert tg.calls_of("answerCallbackQuery")[-1].get("text") == "Reminder cancelled."
+
+
+# -- F12: the reminders' clock survives steps ---------------------------------------------------
+
+@pytest.fixture
+async def stepped(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncIterator[tuple[Harness, SteppedWall]]:
+    clock = SteppedWall(T0)
+    h = Harness(tmp_path / "state", tg, fake_eve)
+    h.wall, h.mono = clock.wall, clock.mono
+    await h.start()
+    await tg.message("hello", user_id=OWNER)
+    await h.settled()
+    try:
+        yield h, clock
+    finally:
+        await h.stop()
+
+
+def dues(h: Harness) -> list[tuple[float, bool]]:
+    """Each fire's due instant and whether it was marked late, in order."""
+    return [(p["due"], bool(p.get("late"))) for p in (json.loads(r["payload"]) for r in fired(h))]
+
+
+async def test_a_corrected_forward_step_neither_fires_early_nor_silences_a_recurring_reminder(
+        stepped: tuple[Harness, SteppedWall]):
+    """F12: the wall clock steps an hour forward while Iva runs and is corrected back. During the
+    step nothing fires before its real instant (before: the every-minute one caught up at once,
+    marked late, and the one-time one fired half an hour early); after the correction the
+    every-minute one goes on each minute (before: silent for the hour of the step)."""
+    h, clock = stepped
+    await reminders(h).set(A, "every minute", cron="* * * * *")
+    await reminders(h).set(A, "once", at=utc(T0 + 1800))
+    clock.passes(60)
+    await reminders(h).fire_due()
+    assert dues(h) == [(T0 + 60, False)]
+    clock.step(3600)
+    clock.passes(30)
+    assert await reminders(h).fire_due() == []
+    clock.passes(30)
+    await reminders(h).fire_due()
+    assert dues(h) == [(T0 + 60, False), (T0 + 120, False)]
+    clock.step(-3600)  # corrected
+    clock.passes(60)
+    await reminders(h).fire_due()
+    assert dues(h)[-1] == (T0 + 180, False)
+    assert [r.text for r in await reminders(h).active(A)] == ["every minute", "once"]
+
+
+async def test_after_a_restart_with_the_clock_ahead_is_corrected_the_next_instant_comes_from_now(
+        stepped: tuple[Harness, SteppedWall]):
+    """F12 across restarts (the steady clock anchors to the wall clock at each start): Iva started
+    with the clock an hour ahead computes the every-minute reminder's next instant an hour ahead;
+    started again once the clock is corrected, the next instant is recomputed from the later of now
+    and the last real fire (before: nothing for an hour)."""
+    h, clock = stepped
+    r = await reminders(h).set(A, "every minute", cron="* * * * *")
+    clock.passes(60)
+    await reminders(h).fire_due()
+    await h.stop()
+    clock.step(3600)
+    await h.start()
+    await reminders(h).fire_due()  # one catch-up, as for downtime
+    assert len(dues(h)) == 2
+    ahead = await reminders(h).get(A, r.id)
+    assert ahead is not None and ahead.next_at == T0 + 3600 + 120
+    await h.stop()
+    clock.step(-3600)  # corrected
+    clock.passes(30)
+    await h.start()
+    await reminders(h).fire_due()
+    corrected = await reminders(h).get(A, r.id)
+    # The catch-up fired T0 + 120 (early, on the clock ahead): the next is the one after it.
+    assert corrected is not None and corrected.next_at == T0 + 180
+    clock.passes(90)
+    await reminders(h).fire_due()
+    assert dues(h)[-1] == (T0 + 180, False) and len(dues(h)) == 3
+
+
+# -- S9: the assistant's own reminders --------------------------------------------------------
+
+@pytest.fixture
+async def tools_clocked(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve) -> AsyncIterator[tuple[Harness, Clock]]:
+    """The notebook and its MCP tools on, the reminders on a clock the test moves."""
+    clock = Clock()
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_NOTES_ENABLED="1")
+    h.wall = clock
+    await h.start()
+    assert h.s.notebook is not None
+    listener = Listener("127.0.0.1:0", store=h.s.store, queue=h.s.queue, ingest=None,  # type: ignore[arg-type]
+                        routes=[McpServer(h.s.notebook, h.s.store, reminders=reminders(h)).routes])
+    await listener.start()
+    assert listener._runner is not None
+    fake_eve.mcp_url = f"http://127.0.0.1:{listener._runner.addresses[0][1]}/mcp"
+    try:
+        yield h, clock
+    finally:
+        await listener.stop()
+        await h.stop()
+
+
+async def test_a_reminder_the_assistant_set_says_so_when_it_fires_and_the_owners_says_the_owner_did(
+        tools_clocked: tuple[Harness, Clock], tg: FakeTelegram, fake_eve: FakeEve):
+    """S9: eve is told, in the fired turn's context, that the assistant set the reminder itself (in
+    which turn, started by what) and that it is not the owner's instruction; an owner's reminder
+    says the owner set it."""
+    h, clock = tools_clocked
+    args = {"text": "check the build page", "cron": "0 * * * *"}
+    await tg.message(f"keep an eye on it [[mcp=chat_reminder_set {json.dumps(args)}]]", user_id=OWNER)
+    await h.settled()
+    assert not fake_eve.mcp_results[-1].get("is_error"), fake_eve.mcp_results[-1]
+    [mine] = await reminders(h).active(A)
+    assert mine.author == "assistant" and mine.set_in == f"in a turn at {utc(T0)} started by a message in the chat"
+    await reminders(h).set(A, "water the plants", at=utc(T0 + 1800))
+    clock.now = T0 + 3600
+    await reminders(h).fire_due()
+    await h.settled()
+    contexts = pushed_contexts(fake_eve)
+    [owners] = [c for c in contexts if "the owner set this reminder" in c]
+    [assistants] = [c for c in contexts if f"reminder {mine.id}" in c]
+    assert "you (the assistant) set this reminder yourself in a turn at 2026-12-02T08:00:00+00:00 started by a " \
+           "message in the chat, not the owner" in assistants
+    assert "you (the assistant)" not in owners
+
+
+async def test_what_the_assistant_may_set_on_its_own_is_bounded_in_count_and_rate(
+        tools_clocked: tuple[Harness, Clock], tg: FakeTelegram, fake_eve: FakeEve):
+    """S9: a recurring reminder of the assistant's falls due at most hourly (a model told to set an
+    every-minute one gets an error naming cron); at most 5 recurring and 20 in all of its own per
+    chat; the owner's own reminders are not counted against it, nor bounded by it."""
+    h, _clock = tools_clocked
+    args = {"text": "say hi", "cron": "*/5 * * * *"}
+    await tg.message(f"nag me [[mcp=chat_reminder_set {json.dumps(args)}]]", user_id=OWNER)
+    await h.settled()
+    refused = fake_eve.mcp_results[-1]
+    assert refused["is_error"] and refused["output"].startswith("cron:") and "hourly" in refused["output"], refused
+    assert await reminders(h).active(A) == []
+    with pytest.raises(PushError) as caught:
+        await reminders(h).set(A, "twice at nine", cron="0,30 9 * * *", author="assistant")
+    assert caught.value.field == "cron"
+    for i in range(ASSISTANT_RECURRING):
+        await reminders(h).set(A, f"hourly {i}", cron=f"{i} * * * *", author="assistant")
+    with pytest.raises(PushError) as caught:
+        await reminders(h).set(A, "one more", cron="59 * * * *", author="assistant")
+    assert caught.value.field == "cron" and caught.value.code == "too_many"
+    await reminders(h).set(A, "the owner's, every minute", cron="* * * * *")  # the owner's: not bounded so
+    for i in range(ASSISTANT_MAX - ASSISTANT_RECURRING):
+        await reminders(h).set(A, f"once {i}", at=utc(T0 + 3600 + i), author="assistant")
+    with pytest.raises(PushError) as caught:
+        await reminders(h).set(A, "once more", at=utc(T0 + 7200), author="assistant")
+    assert caught.value.field == "chat" and caught.value.code == "too_many"
+    assert len(await reminders(h).active(A)) == ASSISTANT_MAX + 1

@@ -16,11 +16,11 @@ import eve_client as eve
 from ... import backoff, log
 from ...metrics import METRICS
 from ...push import turns as pushed
-from ...storage.payloads import Kind, PromptButton, QueuedMessage, decode
+from ...storage.payloads import Kind, PromptButton
 from ...storage.store import Chat, CompactPhase
 from ...telegram.sender import Typing
 from ...telegram.texts import number, t
-from .. import draftids, notewrites, speak
+from .. import askers, draftids, notewrites, speak
 from ..endings import Outcome, SessionLost
 from ..live import Draft, progress_line
 from . import steer
@@ -64,9 +64,12 @@ class TurnPhase(Phase):
         self.unsent_grace: float | None = None  # an unrecorded send: resent if eve begins no turn by then
         self.cancel_failures = 0
         self.cancel_retry: asyncio.TimerHandle | None = None
+        self.answerable = True  # F11: someone present may answer the open question (else: the busy timeout)
 
     async def enter(self) -> None:
         p, chat = self.p, self.chat
+        if self.stage is Stage.ASKING:  # F11: after a restart, as when it was asked
+            self.answerable = await askers.answerable(p.s.people, await askers.running(p.s.queue, chat))
         p.typing = Typing(p.s.sender.bot, chat.chat_id, chat.thread_id, ttl=p.s.settings.busy_timeout)
         p.typing.start()
         if p.s.settings.streaming == "draft" and chat.chat_id > 0:  # drafts: private chats only
@@ -87,7 +90,7 @@ class TurnPhase(Phase):
             return self.steer_grace - now, "steer"
         if self.unsent_grace is not None:
             return self.unsent_grace - now, "unsent"
-        if self.stage is Stage.ASKING and not self.stop:
+        if self.stage is Stage.ASKING and not self.stop and self.answerable:
             # F5: waiting on the person is not "no progress": no busy timeout while a question
             # is open; a late answer reaches the same session. Once answered, eve must go on
             # within the busy timeout again (a session stuck since eve restarted is lost then).
@@ -340,14 +343,15 @@ class TurnPhase(Phase):
     async def _show_prompts(self, event: eve.QuestionOpened, claim: str) -> None:
         """T5: each question or approval as a message with its options as inline buttons."""
         p, chat, store = self.p, self.chat, self.p.s.store
-        # S3: the people whose messages make this turn may answer (and the owners, always).
-        askers = [m.user_id for m in map(decode, (r.payload for r in await p.s.queue.inflight(p.address)))
-                  if isinstance(m, QueuedMessage)]
+        # S3: the people whose messages make this turn may answer (and the owners, always); a
+        # pushed turn's or a reminder's: the people of its chat (F11, bridge/chat/askers.py).
+        asked = await askers.running(p.s.queue, chat)
+        self.answerable = await askers.answerable(p.s.people, asked)
         async with store.db.transaction():
             for request in event.questions:
                 prompt_id = await store.add_prompt(p.address, p.session, request.id,
                                                    [o.id for o in request.options], chat_id=chat.chat_id,
-                                                   askers=askers)
+                                                   askers=asked)
                 buttons = [{"text": o.label[:60], "callback_data": PromptButton(prompt_id, i).encode()}
                            for i, o in enumerate(request.options[:12])]
                 rows = [buttons[i:i + 3] for i in range(0, len(buttons), 3)] or None
