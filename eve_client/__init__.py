@@ -59,9 +59,7 @@ from ._models import Accepted, AgentInfo, Answer, Delivery, Health, StreamPage
 from ._retry import RetryPolicy
 from ._wire import Malformed, Transport
 
-__all__ = [
-    "START",
-    "STREAM_VERSIONS",
+__all__ = [  # noqa: RUF022 (plain sorted, as tests/unit/test_config_and_render.py checks)
     "Accepted",
     "AgentInfo",
     "Answer",
@@ -91,6 +89,8 @@ __all__ = [
     "RetryPolicy",
     "RunBegan",
     "RunEnded",
+    "START",
+    "STREAM_VERSIONS",
     "SessionBegan",
     "SessionEnded",
     "SessionExpired",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ..errors import BridgeError
+from ..framing import BREAK, ESCAPE, frame_body, unframe_body
 
 __all__ = [
     "INDEX",
@@ -122,38 +123,7 @@ def totals(notes: Iterable[Note]) -> tuple[int, int]:
 # so is a body line that begins with a backslash, which makes the escape reversible. Every other
 # line is shown exactly as written, so an ordinary note reads as it was saved.
 
-_BREAK = re.compile("\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.splitlines() breaks on
-_MARKUP_STARTS = frozenset("[#=\\")
-ESCAPE = "\\"
-
-
-def _first_visible(line: str) -> str:
-    """The line from its first character that is neither blank nor invisible (zero-width, BOM)."""
-    for i, ch in enumerate(line):
-        if not ch.isspace() and unicodedata.category(ch) != "Cf":
-            return line[i:]
-    return ""
-
-
-def _looks_like_markup(line: str) -> bool:
-    rest = _first_visible(line)
-    if not rest:
-        return False
-    first = unicodedata.normalize("NFKC", rest[0])[:1]  # a fullwidth '［' or '＃' reads the same
-    return first in _MARKUP_STARTS or (first == "-" and "\u2014" in rest)
-
-
-def frame_body(body: str) -> str:
-    """A note's body as it rides in Iva's text: every line break is a plain newline, and a line
-    that could pass for Iva's own markup (or starts with the escape) gets a backslash in front."""
-    return "\n".join(ESCAPE + line if _looks_like_markup(line) else line for line in _BREAK.split(body))
-
-
-def unframe_body(text: str) -> str:
-    """The inverse of :func:`frame_body` (for a body that used plain newlines)."""
-    return "\n".join(line[1:] if line.startswith(ESCAPE) and _looks_like_markup(line[1:]) else line
-                     for line in text.split("\n"))
-
+# The escape itself is bridge/framing.py's, shared with relayed notifications (S8).
 
 def one_line(text: str) -> str:
     """A description as one line whatever it holds (a record from before the check, a model's
@@ -169,7 +139,7 @@ def check_note(name: str, description: str, body: str, limits: Limits = LIMITS) 
         if name and len(name) > NAME_MAX:
             raise NoteError(f"The name is {len(name)} characters; at most {NAME_MAX}. Use a shorter name.")
         raise NoteError("A note name is a short slug of a-z, 0-9, '_' and '-' (for example 'build-cmd').")
-    if _BREAK.search(description):
+    if BREAK.search(description):
         raise NoteError("A description is one line, and this one has a line break. Say what the note is about "
                         "in one short line; details go in the body.")
     if any(unicodedata.category(ch) == "Cc" for ch in description):
@@ -370,7 +340,7 @@ _HEADING = re.compile(r"^## +(?P<name>[^|\n]+?) *(?:\| *(?P<description>[^\n]*))
 def parse_notebook(text: str) -> list[tuple[str, str, str]]:
     """``(name, description, body)`` of every ``## name | description`` section, in order; bodies
     unframed (:func:`unframe_body`), descriptions one line (:func:`one_line`)."""
-    text = _BREAK.sub("\n", text)
+    text = BREAK.sub("\n", text)
     matches = list(_HEADING.finditer(text))
     out = []
     for i, match in enumerate(matches):

@@ -30,7 +30,7 @@ from diskqueue import Database, DiskQueue, Message, State
 
 from .. import log
 from ..errors import BridgeError
-from ..notebook.rules import frame_body
+from ..framing import frame_body
 from ..storage.payloads import PushedTurn, Queued, decode
 from ..storage.pushes import PushStore
 from ..storage.store import Chat, Store
