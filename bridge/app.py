@@ -137,6 +137,15 @@ class Bridge:
                 window.learn((await client.info()).context_window_tokens)
                 logger.info("eve_window_learned", window=window.tokens, threshold=services.threshold())
                 return
+            except eve.EveRejected as exc:
+                if exc.status != 403:
+                    raise
+                # V8: eve 1.x serves /info to service callers only (403 info_forbidden): said once;
+                # the window is then IVA_CONTEXT_WINDOW's (iva check says so too).
+                logger.error("eve_info_forbidden", error=str(exc),
+                             fix="set IVA_CONTEXT_WINDOW, or make Iva's caller a service principal in the agent's "
+                                 "eve channel (examples/eve-agent/channels/eve.ts)")
+                return
             except eve.EveError as exc:
                 failures += 1
                 logger.warning("eve_info_failed", error=str(exc))
@@ -347,7 +356,7 @@ async def open_bridge(settings: Settings, stack: contextlib.AsyncExitStack, *,
         webhook = Webhook(ingest, url=s.webhook_url, secret=s.webhook_secret, listen=s.webhook_listen)
     listener = Listener(s.api_listen, store=store, queue=queue, ingest=ingest, routes=routes,
                         busy_timeout=s.busy_timeout, reply_stale_after=s.health_reply_seconds,
-                        webhook=webhook)
+                        webhook=webhook, eve=client)
     if seams.listen:
         try:
             await listener.start()

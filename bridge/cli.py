@@ -79,6 +79,7 @@ async def _check(settings: Settings) -> int:
         except Exception as exc:  # iva check never shows a traceback: one line per problem
             problems.append(f"eve: /eve/v1/health failed: {type(exc).__name__}: {exc}")
         else:
+            problems.extend(await _stream_version(client, warnings))
             try:
                 info = await client.info()
                 window = settings.context_window or info.context_window_tokens
@@ -101,6 +102,17 @@ async def _check(settings: Settings) -> int:
                     warnings.extend(_notebook_connection(settings, info.raw))
             except eve.EveUnauthorized:
                 problems.append("eve: the token was rejected (IVA_EVE_TOKEN)")
+            except eve.EveRejected as exc:
+                if exc.status != 403:
+                    problems.append(f"eve: /eve/v1/info failed: {exc}")
+                elif settings.context_window:  # V8
+                    warnings.append(f"eve: this token cannot read /eve/v1/info ({exc.code or 403}: eve 1.x serves it "
+                                    f"to service callers only); the window is IVA_CONTEXT_WINDOW={settings.context_window}")
+                else:
+                    problems.append(f"eve: this token cannot read /eve/v1/info ({exc.code or 403}: eve 1.x serves it "
+                                    "to service callers only), so the context window is unknown: set "
+                                    "IVA_CONTEXT_WINDOW, or make Iva's caller a service principal in the agent's eve "
+                                    "channel (examples/eve-agent/channels/eve.ts)")
             except eve.EveError as exc:
                 problems.append(f"eve: /eve/v1/info failed: {exc}")
             except Exception as exc:  # iva check never shows a traceback: one line per problem
@@ -111,6 +123,28 @@ async def _check(settings: Settings) -> int:
     for line in problems:
         print(f"FAIL {one_line(line, secrets=secrets)}", file=sys.stderr)
     return EXIT_UNREACHABLE if problems else 0
+
+
+async def _stream_version(client: eve.EveClient, warnings: list[str]) -> list[str]:
+    """V1, V8: eve's own version and the stream version it speaks (from a stream's header: a
+    message-free session read once and ended); one this Iva cannot read fails clearly."""
+    try:
+        version = await client.probe_stream_version()
+    except eve.UnsupportedStream as exc:
+        return [f"eve: {exc}"]
+    except eve.EveError as exc:
+        warnings.append(f"eve: could not read a stream to learn its version: {exc}")
+        return []
+    try:
+        named = (await client.info()).eve_version
+    except eve.EveError:
+        named = None
+    wire = "eve 0.80.x, kept for one deprecation window: upgrade eve to 1.x" if version == 26 else "eve 1.x"
+    print(f"ok   eve: version {named or '(not reported)'}, stream version {version} ({wire})")
+    if version == 26:
+        warnings.append("eve 0.80.x speaks stream version 26, which Iva reads for one more deprecation window; "
+                        "see docs/operating.md, \"Upgrading eve\"")
+    return []
 
 
 def one_line(text: str, limit: int = LINE_LIMIT, *, secrets: Sequence[str] = ()) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import zlib
@@ -129,6 +130,8 @@ class EveClient:
         self._on_malformed = on_malformed
         self._state = _State.UNOPENED
         self._version: int | None = None
+        self._unsupported: UnsupportedStream | None = None
+        self.eve_version: str | None = None  # eve's own version, where /info said it
 
     async def __aenter__(self) -> Self:
         if self._state is _State.OPENED:
@@ -204,6 +207,7 @@ class EveClient:
         """``GET /eve/v1/info``: the agent, its model and the model's context window."""
         _, body = await self._call("GET", "/eve/v1/info", route="info")
         info = AgentInfo.from_json(body)
+        self.eve_version = info.eve_version or self.eve_version
         if self._version is None and (implied := info.stream_version) is not None:
             self._learned(implied)
         return info
@@ -237,10 +241,36 @@ class EveClient:
         """The version requests are shaped for: the one eve spoke, else eve 1.x's (V3)."""
         return self._version or STREAM_VERSIONS[-1]
 
+    @property
+    def unsupported(self) -> UnsupportedStream | None:
+        """The error of the last stream eve served in a version this client cannot read (V1);
+        None once eve speaks one it reads again."""
+        return self._unsupported
+
     def _learned(self, version: int) -> None:
+        self._unsupported = None
         if version != self._version:
             log.info("eve_stream_version", extra={"version": version})
             self._version = version
+
+    def _refused(self, version: int) -> UnsupportedStream:
+        error = UnsupportedStream(version)
+        if self._unsupported is None or self._unsupported.version != version:
+            log.error("eve_stream_version_unsupported", extra={"version": version, "error": str(error)})  # once
+        self._unsupported = error
+        return error
+
+    async def probe_stream_version(self) -> int:
+        """The stream version eve speaks, read from a stream's own header: a message-free session
+        is made, read once (it holds nothing) and ended. Raises :class:`UnsupportedStream` for a
+        version this client cannot read. For ``iva check``; the bridge learns it as it goes."""
+        session = await self.create_session()
+        try:
+            page = await self.read(session)
+        finally:
+            with contextlib.suppress(EveError):
+                await self.end(session, reason="iva check")
+        return page.version
 
     async def send(
         self,
@@ -327,9 +357,11 @@ class EveClient:
     # -- the stream -------------------------------------------------------------------------
 
     def _params(self, start_line: int, follow: bool) -> dict[str, str]:
-        params = {"startIndex": str(start_line), "includeTailIndex": "1"}
+        params = {"startIndex": str(start_line)}
         if not follow:
-            params["follow"] = "false"
+            # the tail's header; on eve 1.x ``includeTailIndex`` alone also ends the read at the
+            # tail (PROTOCOL-27.md §3), so a followed stream never asks for it
+            params.update(follow="false", includeTailIndex="1")
         return params
 
     async def read(self, session_id: str, cursor: Position = START) -> StreamPage:
@@ -467,7 +499,7 @@ class _StreamContext:
         version = int(named) if named.isdigit() else 26  # 0.80 names 26; an eve before it named nothing
         if version not in STREAM_VERSIONS:
             await response.aclose()
-            raise UnsupportedStream(version, route="stream")
+            raise self._client._refused(version)
         self._client._learned(version)
         if self._cursor.version and self._cursor.version != version:
             await response.aclose()

@@ -159,8 +159,11 @@ async def nb_in_process(in_process_factory: Any, fake_eve: FakeEve) -> Any:
 
 
 @pytest.fixture
-async def fake_eve() -> AsyncIterator[FakeEve]:
-    fake = FakeEve()
+async def fake_eve(request: pytest.FixtureRequest) -> AsyncIterator[FakeEve]:
+    """The fake eve, speaking eve 1.x's stream (version 27); a test marked ``eve_wire(26)``
+    gets eve 0.80's (what only 0.80 does, kept for the reader's deprecation window)."""
+    marker = request.node.get_closest_marker("eve_wire")
+    fake = FakeEve(stream_version=marker.args[0]) if marker else FakeEve()
     await fake.start()
     FAKE_EVES[fake.url] = fake
     try:
@@ -350,6 +353,8 @@ class RealEve:
         self.run_dir = run_dir
         self.script_env: dict[str, str] = {}
         self.mcp_listen = ""
+        self.version = env.get("EVE_VERSION", "0.80.1")
+        self.wire = 26 if self.version.startswith("0.80") else 27
 
     def llm_requests(self) -> list[dict[str, Any]]:
         import json
@@ -379,26 +384,27 @@ class RealEve:
             pass
 
 
-@pytest.fixture(scope="session")
-def real_eve(tmp_path_factory) -> RealEve:
-    """One real eve + scripted model for the whole session (contract tests, SPEC via PROTOCOL.md)."""
+EVE_VERSIONS = ("0.80.1", "1.0.1")  # the eves Iva is tested against: 0.80.x (stream 26) and 1.x (stream 27)
+
+
+def _start_real_eve(tmp_path_factory: pytest.TempPathFactory, version: str) -> Iterator[RealEve]:
     import subprocess
 
     if os.environ.get("IVA_SKIP_REAL_EVE") == "1":
         pytest.skip("IVA_SKIP_REAL_EVE=1: real-eve contract tests skipped on request")
     if not (EVE_PEER / "start.sh").exists():
         pytest.fail(f"no eve-peer at {EVE_PEER}; set IVA_EVE_PEER_DIR")
-    run_dir = tmp_path_factory.mktemp("eve-peer")
+    run_dir = tmp_path_factory.mktemp(f"eve-peer-{version}")
     mcp_listen = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "EVE_PORT": str(free_port()), "FAKE_LLM_PORT": str(free_port()),
+    env = {**os.environ, "EVE_VERSION": version, "EVE_PORT": str(free_port()), "FAKE_LLM_PORT": str(free_port()),
            "EVE_PEER_RUN_DIR": str(run_dir), "NOTEBOOK_MCP_URL": f"http://{mcp_listen}/mcp",
            "NOTEBOOK_MCP_TOKEN": REAL_MCP_TOKEN}
     done = subprocess.run(["bash", str(EVE_PEER / "start.sh")], env=env, capture_output=True, text=True,
                           timeout=300, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
-        pytest.fail(f"eve-peer did not start:\n{done.stdout}\n{done.stderr}")
+        pytest.fail(f"eve-peer {version} did not start:\n{done.stdout}\n{done.stderr}")
     values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
-    peer = RealEve(values, run_dir)
+    peer = RealEve({"EVE_VERSION": version, **values}, run_dir)
     peer.script_env = env
     peer.mcp_listen = mcp_listen
     MCP_LISTEN[peer.url] = mcp_listen
@@ -408,11 +414,42 @@ def real_eve(tmp_path_factory) -> RealEve:
                    stdin=subprocess.DEVNULL)
 
 
+@pytest.fixture(scope="session")
+def real_eve_0801(tmp_path_factory) -> Iterator[RealEve]:
+    """The real eve 0.80.1 (stream version 26) with the scripted model, for the whole session."""
+    yield from _start_real_eve(tmp_path_factory, "0.80.1")
+
+
+@pytest.fixture(scope="session")
+def real_eve_101(tmp_path_factory) -> Iterator[RealEve]:
+    """The real eve 1.0.1 (stream version 27: what npm installs today) with the scripted model."""
+    yield from _start_real_eve(tmp_path_factory, "1.0.1")
+
+
+def _real_fixture(version: str) -> str:
+    return "real_eve_" + version.replace(".", "")
+
+
+@pytest.fixture(scope="session", params=EVE_VERSIONS)
+def real_eve(request) -> RealEve:
+    """Each real eve in turn: a test that takes it runs against 0.80.1 and 1.0.1 (contract)."""
+    peer: RealEve = request.getfixturevalue(_real_fixture(request.param))
+    return peer
+
+
 class Backend:
     """Either eve: the fake (with fault controls) or the real one (contract)."""
 
     def __init__(self, name: str, url: str, token: str, fake: FakeEve | None, real: RealEve | None) -> None:
         self.name, self.url, self.token, self.fake, self.real = name, url, token, fake, real
+
+    @property
+    def wire(self) -> int:
+        """The stream version this eve speaks (26: eve 0.80.x, 27: eve 1.x)."""
+        if self.fake is not None:
+            return self.fake.stream_version
+        assert self.real is not None
+        return self.real.wire
 
     def slow_summary(self, seconds: float) -> None:
         """Make the next compaction's summary take ``seconds``."""
@@ -434,7 +471,7 @@ class Backend:
 REAL = pytest.mark.xdist_group("real_eve")  # every real-eve test on one worker: one eve, less load
 
 
-@pytest.fixture(params=["fake", pytest.param("real", marks=REAL)])
+@pytest.fixture(params=["fake", *(pytest.param(f"real-{v}", marks=REAL) for v in EVE_VERSIONS)])
 async def backend(request) -> AsyncIterator[Backend]:
     if request.param == "fake":
         fake = FakeEve()
@@ -446,8 +483,8 @@ async def backend(request) -> AsyncIterator[Backend]:
             FAKE_EVES.pop(fake.url, None)
             await fake.stop()
     else:
-        real = request.getfixturevalue("real_eve")
-        yield Backend("real", real.url, real.token, None, real)
+        real = request.getfixturevalue(_real_fixture(request.param.removeprefix("real-")))
+        yield Backend(request.param, real.url, real.token, None, real)
 
 
 @pytest.fixture

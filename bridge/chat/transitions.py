@@ -157,8 +157,10 @@ class Finished:
 
 
 @dataclass(slots=True)
-class Transitions:
-    """The transitions of every chat, on the store and the queue."""
+class _Record:
+    """What every transition stands on: the store and the queue, the clocks, the reading and
+    writing of one chat's record, first contact. The transitions themselves are grouped by the
+    part of the record they move (:class:`Transitions` puts them together)."""
 
     store: Store
     queue: DiskQueue
@@ -248,6 +250,13 @@ class Transitions:
     async def bot_removed(self, chat_id: int, reason: str) -> None:
         """my_chat_member kicked/left: every address of the Telegram chat (its topics too)."""
         await self.store.block_chat(chat_id, reason)
+
+
+
+class _Turns(_Record):
+    """idle → busy(turn), and every step inside a turn."""
+
+    __slots__ = ()
 
     # -- idle → busy(turn) ------------------------------------------------------------------
 
@@ -427,6 +436,13 @@ class Transitions:
             await self._owned(address, claim, ChatState.TURN)
             await self.queue.nack(ids, claim=steer_claim(claim))
 
+
+
+class _TurnEnds(_Record):
+    """The ways out of a turn: parked, given back, failed, lost."""
+
+    __slots__ = ()
+
     # -- the ways out of a turn --------------------------------------------------------------
 
     async def park(self, address: str, claim: str, *, cursor: Position, measurement: int | None, threshold: int,
@@ -497,6 +513,13 @@ class Transitions:
         if others:
             await self.queue.nack(others)
         return mine
+
+
+
+class _Compactions(_Record):
+    """busy(compacting): captured, posted, accepted, released and taken again, stopped, finished."""
+
+    __slots__ = ()
 
     # -- compactions -----------------------------------------------------------------------
 
@@ -624,6 +647,14 @@ class Transitions:
             chat = await self._owned(address, claim, ChatState.COMPACTING)
             await self._write(address, _IDLE)
             return chat
+
+
+
+class Transitions(_Turns, _TurnEnds, _Compactions):
+    """The transitions of every chat, on the store and the queue: /new and start-up here, the
+    rest in the bases by the part of the record they move."""
+
+    __slots__ = ()
 
     # -- /new ------------------------------------------------------------------------------
 

@@ -28,6 +28,8 @@ from .transitions import ChatState, Settling, state_of
 
 __all__ = ["ChatWorker", "Scheduler"]
 
+UNSUPPORTED_WAIT = 60.0  # seconds between looks at an eve whose stream this Iva cannot read
+
 logger = log.get("bridge.chat.worker")
 
 RESET_TIMEOUT = 10.0
@@ -167,6 +169,14 @@ class ChatWorker:
                         continue
                     return
                 eve_failures = 0
+            except eve.UnsupportedStream:
+                # V1: eve speaks a stream version this Iva cannot read. Nothing is lost (the queue
+                # and the busy record keep everything); it is said once (eve_client's log, /healthz,
+                # /status, iva check), and looked at again after a while or on a new message.
+                METRICS.eve_errors.labels(kind="stream_version").inc()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(UNSUPPORTED_WAIT):
+                        await self._poked.wait()
             except eve.EveTransportError as exc:
                 # R6: eve is unreachable. Nothing is lost: the busy record or the queue keeps
                 # the messages. Wait and try again; a poke (new message, /new) wakes us early.

@@ -130,7 +130,13 @@ class Commands:
                 text = t("stop_not_yours", lang)
             else:
                 stopped = await s.transitions.want_stop(addr)
-                text = t("stop_compaction" if chat.kind is Kind.COMPACT else "stop_done", lang)
+                if chat.kind is not Kind.COMPACT:
+                    text = t("stop_done", lang)
+                elif (s.eve.stream_version or 27) >= 27:
+                    # eve 1.x ignores a cancel during a compaction (PROTOCOL-27.md §6): it finishes
+                    text = t("stop_compaction_runs_on", lang)
+                else:
+                    text = t("stop_compaction", lang)
                 receiver = None  # a stop is everyone's news
             await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
                                   reply_to=message.message_id, receiver=receiver)
@@ -381,6 +387,10 @@ class Commands:
         if s.notebook is not None:
             mode = chat.notes_mode if chat else "inline"
             text += "\n" + t("status_notes", lang, n=await s.notebook.count(address), mode=mode)
+        if owner:  # V1, V8: which eve answers, and a stream this Iva cannot read
+            problem = s.eve.unsupported
+            text += "\n" + (str(problem) if problem is not None else t(
+                "status_eve", lang, version=s.eve.eve_version or "?", stream=s.eve.stream_version or "?"))
         return text
 
     # -- /notes -----------------------------------------------------------------------------

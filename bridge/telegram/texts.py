@@ -98,6 +98,11 @@ _TEXTS: dict[str, dict[Lang, str]] = {
                   "ru": "Остановлено. Пишите, когда будете готовы."},
     "stop_compaction": {"en": "Stopped the compaction; the conversation stays as it was.",
                         "ru": "Сжатие остановлено; разговор остался как был."},
+    "stop_compaction_runs_on": {"en": "The conversation is being compacted, which cannot be stopped midway; it takes a "
+                                      "moment, and then I answer what you sent meanwhile.",
+                                "ru": "Сейчас разговор сжимается, и это нельзя прервать на середине; это займёт немного "
+                                      "времени, потом я отвечу на то, что вы прислали."},
+    "status_eve": {"en": "eve: {version}, stream version {stream}", "ru": "eve: {version}, версия потока {stream}"},
     "stop_nothing": {"en": "Nothing is running right now.", "ru": "Сейчас ничего не выполняется."},
     "stop_not_yours": {"en": "Only the person I'm answering (or an owner) can stop this.",
                        "ru": "Остановить может только тот, кому я отвечаю (или владелец)."},

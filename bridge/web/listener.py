@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from eve_client import EveClient
+
 from .. import disk, log
 from ..clock import CLOCK
 from ..metrics import METRICS
@@ -33,7 +35,8 @@ REPLY_STALE_AFTER = 120.0  # a reply still not sent after this long: replies are
 class Listener:
     def __init__(self, listen: str, *, store: Store, queue: DiskQueue, ingest: Ingest,
                  routes: Sequence[Callable[[web.Application], None]] = (), busy_timeout: float = 900.0,
-                 reply_stale_after: float = REPLY_STALE_AFTER, webhook: Webhook | None = None) -> None:
+                 reply_stale_after: float = REPLY_STALE_AFTER, webhook: Webhook | None = None,
+                 eve: EveClient | None = None) -> None:
         self.busy_timeout = busy_timeout
         self.reply_stale_after = reply_stale_after
         host, _, port = listen.rpartition(":")
@@ -43,6 +46,7 @@ class Listener:
         self.queue = queue
         self.ingest = ingest
         self.webhook = webhook
+        self.eve = eve
         self.started = CLOCK.now()
         self.dead = 0  # messages given up on, as of the last refresh
         self.extra_routes = routes
@@ -120,12 +124,17 @@ class Listener:
         # F2: a commit failing (the disk full, a lock held) or a disk with no room: nothing can
         # be made durable, so nothing is taken — the bridge waits on storage, alive.
         storage = self.ingest.storage_error or disk.full(self.store.db.path.parent)
-        ok = database == "ok" and receiving and overdue == 0 and replies_flowing and storage is None
+        unsupported = self.eve.unsupported if self.eve is not None else None  # V1
+        ok = database == "ok" and receiving and overdue == 0 and replies_flowing and storage is None \
+            and unsupported is None
         body = {"ok": ok, "mode": "polling" if self.webhook is None else "webhook", "database": database,
                 "storage": "ok" if storage is None else f"failing: {storage}",
                 "telegram_poll_age_s": poll_age, "webhook": webhook, "queued": queued,
                 "busy_chats": busy, "compacting_chats": compacting, "overdue_chats": overdue,
                 "oldest_pending_reply_s": reply_age, "dead_messages": self.dead,
+                "eve": None if self.eve is None else {
+                    "version": self.eve.eve_version, "stream_version": self.eve.stream_version,
+                    "problem": None if unsupported is None else str(unsupported)},
                 "uptime_s": round(CLOCK.now() - self.started)}
         return web.json_response(body, status=200 if ok else 503)
 

@@ -105,6 +105,7 @@ async def _interrupt(tg, fake_eve, in_process_factory, *, ack_delay: float = 0.0
     return d, waited
 
 
+@pytest.mark.eve_wire(26)  # eve 0.80 only: a compaction can be cancelled (1.x ignores the cancel)
 async def test_a_message_before_eve_accepted_the_compaction_still_interrupts_it(tg, fake_eve, in_process_factory):
     """C4, the narrow case: the message comes while the compact request is still on its way; a
     cancel sent then would cancel nothing, so it is sent the moment eve has the compaction."""
@@ -112,6 +113,7 @@ async def test_a_message_before_eve_accepted_the_compaction_still_interrupts_it(
     assert waited < 6  # the ack delay, not the 10 s summary
 
 
+@pytest.mark.eve_wire(26)  # eve 0.80 only: a compaction can be cancelled (1.x ignores the cancel)
 async def test_immediate_policy_interrupts_the_compaction(tg, fake_eve, in_process_factory):
     """C4: with the immediate policy a message cancels the compaction and is answered at once."""
     d, waited = await _interrupt(tg, fake_eve, in_process_factory)
@@ -248,11 +250,15 @@ async def test_contract_notice_and_interrupt_on_both_eves(tg, backend, eve_in_pr
     await tg.message("huge [[tokens=120000]]", user_id=OWNER)
     await tg.wait_texts(4, timeout=40)
     await tg.wait_for(lambda: (c := immediate.chat(A)) and compacting(c), 30, "compacting")
-    started = time.monotonic()
     await tg.message("now", user_id=OWNER)
     await tg.wait_texts(5, timeout=40)
-    assert time.monotonic() - started < 6
+    await tg.wait_for(lambda: immediate.chat(A)["status"] == "idle", 40, "idle")
     assert tg.texts()[3:] == ["echo: huge", "echo: now"]
+    # eve 0.80 cancels the compaction for the message (C4; the real one may complete it first);
+    # eve 1.x ignores a cancel during a compaction (PROTOCOL-27.md §6): it completes, and the
+    # message is answered right after.
+    if backend.wire >= 27:
+        assert immediate.chat(A)["compactions"] == 1
 
 
 @REAL

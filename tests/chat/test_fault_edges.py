@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bridge.chat.transitions import ChatState, state_of
 from bridge.telegram.texts import t
 from tests.fakes.eve import FakeEve
@@ -64,6 +66,7 @@ async def test_an_ambiguous_send_queued_behind_a_compaction_is_not_sent_again(tm
         await h.stop()
 
 
+@pytest.mark.eve_wire(26)  # eve 0.80 only: a session stuck without session.waiting (1.x recovers a crashed run)
 async def test_a_turn_answered_whose_session_waiting_never_comes_does_not_ask_to_repeat(
         tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
     """eve finished the turn (message.completed, turn.completed) and the answer went out, but

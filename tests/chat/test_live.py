@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import pytest
+
 from bridge.chat.live import FRAME_INTERVAL
 from bridge.chat.transitions import ChatState, state_of
 from tests.fakes.eve import FakeEve
@@ -191,6 +193,25 @@ async def test_a_message_stopped_before_eve_had_it_is_never_sent(harness: Harnes
     assert state_of(await harness.chat()) is ChatState.IDLE
 
 
+async def test_stop_lets_a_compaction_finish_on_eve_1x(harness: Harness, tg: FakeTelegram, fake_eve: FakeEve):
+    """L* on eve 1.x: eve ignores a cancel during a compaction (PROTOCOL-27.md §6), so /stop says
+    it cannot be stopped midway; the compaction completes, and the message sent meanwhile is
+    answered right after, once."""
+    fake_eve.summary_delay = 3
+    await tg.message("big [[tokens=120000]]", user_id=OWNER)
+    await harness.until(lambda: compacting(harness, fake_eve), what="eve compacting")
+    await tg.message("/stop", user_id=OWNER)
+    await tg.message("and then?", user_id=OWNER)
+    await harness.settled(30)
+    texts = tg.texts()
+    assert any("cannot be stopped midway" in x for x in texts)
+    assert "Stopped the compaction; the conversation stays as it was." not in texts
+    assert texts.count("echo: and then?") == 1
+    chat = await harness.chat()
+    assert state_of(chat) is ChatState.IDLE and chat.compactions == 1 and not chat.stop_wanted
+
+
+@pytest.mark.eve_wire(26)  # eve 0.80 only: a compaction can be cancelled (1.x: test_stop_lets_a_compaction_finish_on_eve_1x)
 async def test_stop_stops_a_running_compaction(harness: Harness, tg: FakeTelegram, fake_eve: FakeEve):
     """L* (like C4): /stop during a compaction cancels it in eve; the conversation stays as it
     was, the chat is free, and /stop says what it stopped."""

@@ -10,6 +10,8 @@ import contextlib
 import time
 from typing import Any
 
+import pytest
+
 from bridge.chat.transitions import ChatState, state_of
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
@@ -51,6 +53,7 @@ async def test_a_late_stop_button_of_a_finished_draft_does_not_stop_the_next_tur
     assert tg.texts()[-1] == f"echo: second {LONG}"
 
 
+@pytest.mark.eve_wire(26)  # eve 0.80 only: a compaction can be cancelled (1.x ignores the cancel)
 async def test_stop_during_the_auto_compaction_after_a_stopped_turn(harness: Harness, tg: FakeTelegram,
                                                                     fake_eve: FakeEve):
     """L*/C4: a stopped turn parks straight into an auto compaction (the same busy period); a

@@ -24,7 +24,9 @@ gets eve's "no tool named" error). Results land in ``mcp_results``. ``reply_for(
 script the reply to a message (the notebook rebuild's throwaway session). ``clientContext``
 counts in the estimated input tokens, as on eve (§12).
 
-``FakeEve(stream_version=27)`` speaks eve 1.0.1 instead (PROTOCOL-27.md; the default is still 26).
+It speaks eve 1.0.1 by default (stream version 27, PROTOCOL-27.md); ``FakeEve(stream_version=26)`` speaks
+eve 0.80.1 (PROTOCOL.md), the wire Iva keeps for one deprecation window. ``IVA_FAKE_EVE_VERSION=26``
+makes 26 the default, to run the whole suite on the old wire by hand.
 The agent is the same; the session's v26 event log (``session.events``, v26-shaped in both modes) is
 read through :class:`Projection` into v27 lines for ``/stream`` (``fake.lines(session_id)`` gives
 them). The routes take v27 bodies (strict fields, ``answers``, ``idempotencyKey``, ``/end``) and
@@ -42,6 +44,7 @@ import asyncio
 import itertools
 import json
 import math
+import os
 import re
 import time
 import uuid
@@ -51,6 +54,8 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.client_exceptions import ClientConnectionResetError
+
+DEFAULT_VERSION = int(os.environ.get("IVA_FAKE_EVE_VERSION", "27"))
 
 _MARKER = re.compile(r"\[\[(\w+)(?:=([^\]]*))?\]\]")
 _MCP = re.compile(r"\[\[mcp=(\w+) (\{[^\]]*\})\]\]")
@@ -324,7 +329,8 @@ class Projection:
             kind = _KINDS.get(str(req.get("kind")), str(req.get("kind")))
             options = []
             for option in req.get("options") or []:
-                id_, label = _OPTIONS.get(option.get("id"), (option.get("id"), option.get("label")))
+                mapped = _OPTIONS.get(option.get("id")) if kind != "question" else None  # a question keeps its own
+                id_, label = mapped or (option.get("id"), option.get("label"))
                 options.append({"id": id_, "label": label})
             action = req.get("action") or {}
             if kind == "question" and action.get("callId") in self._calls:
@@ -405,7 +411,7 @@ class Projection:
         scope: dict[str, Any] = {"changeId": change}
         if delivery is not None:
             started["cause"] = {"deliveryId": delivery}
-        else:  # automatic, inside a turn
+        elif self._turn is not None:  # automatic, inside a turn
             started["trigger"] = {"inputTokens": math.ceil(float(data.get("usageInputTokens") or 0))}
             started["turnId"] = data.get("turnId")
             scope["turnId"] = data.get("turnId")
@@ -500,7 +506,7 @@ class FakeSession:
 
 
 class FakeEve:
-    def __init__(self, *, token: str = "eve-test-token", window: int = 128_000, stream_version: int = 26) -> None:
+    def __init__(self, *, token: str = "eve-test-token", window: int = 128_000, stream_version: int = DEFAULT_VERSION) -> None:
         self.token = token
         self.window = window
         self.stream_version = stream_version  # 26: eve 0.80.1 (PROTOCOL.md); 27: eve 1.0.1 (PROTOCOL-27.md)

@@ -153,7 +153,8 @@ async def test_stream_resumes_from_the_cursor_after_a_cut(fake_eve):
                 break
     assert [e.position for e in seen] == sorted({e.position for e in seen})  # each once, in order
     assert len({e.key for e in seen}) == len(seen)
-    assert [type(e) for e in seen][-4:] == [eve.UsageRecorded, eve.RunEnded, eve.TurnEnded, eve.Idle]
+    assert [type(e) for e in seen][-2:] == [eve.TurnEnded, eve.Idle]
+    assert any(isinstance(e, eve.UsageRecorded) for e in seen)
     assert malformed
 
 
@@ -169,7 +170,8 @@ async def test_read_returns_the_tail_index_and_reset_closes_the_stream(fake_eve)
         page = await client.read(sid, eve.Position(2))
         assert page.events[0].position.line == 2 and page.tail_index == page.events[-1].position.line
         last = await client.read(sid, eve.Position(-1))
-        assert [type(e) for e in last.events] == [eve.Idle] and last.events[0].position.line == page.tail_index
+        assert isinstance(last.events[-1], eve.Idle)
+        assert {e.position.line for e in last.events} == {page.tail_index}
         assert (await client.compact(sid)).accepted
         assert (await client.end(sid)).status in ("reset", "accepted")
         with pytest.raises(eve.SessionExpired):

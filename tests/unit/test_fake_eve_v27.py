@@ -389,9 +389,10 @@ async def test_info_and_version_header(fake: FakeEve, http: httpx.AsyncClient) -
     assert response.headers["x-eve-stream-version"] == "28"
 
 
-async def test_v26_mode_is_the_default() -> None:
-    """FakeEve() still speaks 26: create answers a status, no heartbeat, one event per line, no /end."""
-    fake = FakeEve()
+async def test_v26_mode_on_request() -> None:
+    """FakeEve(stream_version=26) speaks 0.80's wire: create answers a status, no heartbeat, one event
+    per line, no /end."""
+    fake = FakeEve(stream_version=26)
     await fake.start()
     try:
         async with httpx.AsyncClient(base_url=fake.url, headers={"authorization": f"Bearer {fake.token}"}) as http:

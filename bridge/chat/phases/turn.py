@@ -1,10 +1,9 @@
 """The turn phase of a busy period: eve's turn events, prompts, the live draft, the stop and the
 parking that ends it (T4, T5, L*, F4, F5, C1, C2, C6).
 
-At the turn's last ``session.waiting`` the parking handler measures and, at or above the
-threshold, moves the chat from busy(turn) to busy(compacting, auto) in the same transaction
-that finishes the turn, so no message slips in between (C1, C2); :mod:`.compaction` follows it
-from there."""
+It reads Iva's events of eve's stream (eve_client's model, never a wire shape); the words go
+through :mod:`.reply`, questions through :mod:`.prompts`, and when the turn is over and eve is
+idle, :mod:`.park` releases the chat or moves it into a compaction."""
 
 from __future__ import annotations
 
@@ -16,16 +15,17 @@ import eve_client as eve
 from ... import backoff, log
 from ...metrics import METRICS
 from ...push import turns as pushed
-from ...storage.payloads import Kind, PromptButton
+from ...storage.payloads import Kind
 from ...storage.store import Chat, CompactPhase
 from ...telegram.sender import Typing
-from ...telegram.texts import number, t
-from .. import askers, draftids, notewrites, speak
+from ...telegram.texts import t
+from .. import askers
 from ..endings import Outcome, SessionLost
-from ..live import Draft, progress_line
-from . import steer
+from ..live import Draft
+from . import prompts, steer
 from .base import Ended, Period, Phase, Stage, Stop
-from .compaction import Compaction, CompactionPhase, WatchPhase
+from .park import park
+from .reply import Reply
 
 __all__ = ["TurnPhase"]
 
@@ -50,15 +50,16 @@ class TurnPhase(Phase):
         self.stage = Stage.ASKING if chat.waiting_input else Stage.SENT
         # The turn's deliveries not yet ended at eve; None while our send's are unknown (an
         # ambiguous send, F4: eve shows the turn it made of it).
-        self.pending: set[str] | None = set(chat.deliveries) if chat.deliveries else None
+        # A paused turn has every delivery so far: eve settled them "awaiting input" at the pause,
+        # and what comes while it waits is consumed by it (PROTOCOL-27.md §9).
+        self.pending: set[str] | None = set() if chat.waiting_input else set(chat.deliveries) if chat.deliveries else None
         self.stop = Stop.WANTED if chat.stop_wanted else Stop.NONE
         outstanding = chat.kind is Kind.TURN and chat.compact_phase is CompactPhase.RELEASED
         self.late = Late.OUTSTANDING if outstanding else Late.NONE
         self.measurement: int | None = None
         self.first_measurement: int | None = None  # a compaction's "after" (seed 004)
         self.asked: set[str] = set()  # the questions shown (their events, T5), closed at the turn's end
-        self.block = ""  # the text block being written (L*)
-        self.draft_id = 0
+        self.reply = Reply(p, chat)  # the text being written, the live draft (L*)
         self.turn_id: str | None = None
         self.steer_grace: float | None = None  # parking waits until then for eve's turn with an unsure steer
         self.unsent_grace: float | None = None  # an unrecorded send: resent if eve begins no turn by then
@@ -148,7 +149,7 @@ class TurnPhase(Phase):
         self.stop |= Stop.WANTED
         if first and self.stage is Stage.ASKING:
             p.moved()  # the busy timeout counts from the stop, not the question
-        await self._end_draft()
+        await self.reply.end_draft()
         await p.stop_typing()
         if first:
             METRICS.stops.labels(kind="turn").inc()
@@ -196,14 +197,11 @@ class TurnPhase(Phase):
             self.unsent_grace = p.clock.now() + grace if isinstance(event, eve.Idle) else None
         match event:
             case eve.TextDelta():
-                self.block += event.delta
-                self._show(event.position.line, self.block)
-            case eve.ToolCalled() if not self.block.strip():
-                name = event.label or (event.names[0] if event.names else "")
-                if name:
-                    self._show(event.position.line, progress_line(name, chat.lang))
+                self.reply.delta(event, self.stop)
+            case eve.ToolCalled():
+                self.reply.tool(event, self.stop)
             case eve.TextDone():
-                await self._completed(event, claim)
+                self.stop = await self.reply.done(event, claim, self.stop)
             case eve.TurnBegan() | eve.RunBegan():
                 if isinstance(event, eve.TurnBegan):
                     self.turn_id = event.turn_id or self.turn_id
@@ -226,7 +224,7 @@ class TurnPhase(Phase):
                 # behind it at eve: the person hears the C3 notice.
                 self.late = Late.ANNOUNCED
                 logger.info("compaction_announced_late", estimate=event.estimate)
-                await self._end_draft()
+                await self.reply.end_draft()
                 async with s.store.db.transaction():
                     await s.outbox.say(chat, f"c3:{event.key}", t("compacting_notice", chat.lang))
                     await tr.advance(p.address, claim, p.cursor)
@@ -236,11 +234,14 @@ class TurnPhase(Phase):
             case eve.ContextSettled(kind="compaction") if event.ok:
                 await tr.in_turn_compacted(p.address, claim, p.cursor)
             case eve.QuestionOpened():
-                await self._end_draft()
-                await self._show_prompts(event, claim)
+                await self.reply.end_draft()
+                self.answerable = await prompts.show(p, chat, event, claim)
+                self.asked.add(event.key)
             case eve.TurnPaused():
                 # T5: the turn cannot end until the person answers; their next message goes at once.
                 self.stage = Stage.ASKING
+                if self.pending is not None:
+                    self.pending.clear()  # eve has them all: the turn ends them when it ends
                 await tr.waiting_on_person(p.address, claim, waiting=True, cursor=p.cursor)
                 await p.stop_typing()
                 if p.slot is not None:
@@ -251,7 +252,7 @@ class TurnPhase(Phase):
                 code = event.code or "error"
                 logger.warning("eve_turn_failed", code=code, error=event.message[:300])
                 METRICS.turns.labels(outcome="failed").inc()
-                await self._end_draft()
+                await self.reply.end_draft()
                 async with s.store.db.transaction():
                     await s.outbox.say(chat, f"failed:{event.key}", await pushed.turn_failed(s.queue, chat, code)
                                        or t("turn_failed", chat.lang, reason=code))  # W4
@@ -278,139 +279,17 @@ class TurnPhase(Phase):
             return await self.park()
         return None
 
-    async def _completed(self, event: eve.TextDone, claim: str) -> None:
-        p, s, chat = self.p, self.p.s, self.chat
-        if event.phase is eve.Phase.NARRATION:
-            # Words on the way to a tool (eve 1.x): progress, never the answer. The draft showed
-            # them as they came; without a draft they are not sent (docs/behaviour.md). A stopped
-            # turn's partial text arrives so, marked interrupted: the stop rule shows it.
-            self.block = event.text if event.interrupted and self.stop else ""
-            if not self.block:
-                self.draft_id = 0
-            return
-        text, self.block, self.draft_id = event.text, "", 0
-        if p.draft is not None:
-            await p.draft.settle()  # no frame may land after the final message
-        if not text.strip() or Stop.SHOWN in self.stop:
-            return
-        if self.stop:  # written before the stop reached eve: readable, marked
-            text = f"{text}\n\n{t('stopped_mark', chat.lang)}"
-            self.stop |= Stop.SHOWN
-        async with s.store.db.transaction():
-            await s.store.put_outgoing(p.address, event.key, chat.chat_id, chat.thread_id, text)
-            await s.transitions.advance(p.address, claim, p.cursor)
-            await p.spend.commit(s.store, p.address)
-        if p.typing is not None and event.final:
-            await p.typing.stop()  # never after the final send (LESSONS #12)
-        await s.outbox.flush(p.address)
-        await speak.after_answer(s, p.address, chat.chat_id, chat.thread_id, text)  # P4
-
     async def _turn_ended(self, event: eve.TurnEnded, claim: str) -> None:
-        p, s, chat = self.p, self.p.s, self.chat
         self.stage = Stage.ENDED
-        if self.stop and self.block.strip() and Stop.SHOWN not in self.stop:
-            # L*: what was written before the stop stays readable, marked as stopped.
-            if p.draft is not None:
-                await p.draft.settle()
-            async with s.store.db.transaction():
-                await s.store.put_outgoing(p.address, f"stopped:{event.key}", chat.chat_id, chat.thread_id,
-                                           f"{self.block}\n\n{t('stopped_mark', chat.lang)}")
-                await s.transitions.advance(p.address, claim, p.cursor)
-            self.stop |= Stop.SHOWN
-            await s.outbox.flush(p.address)
-        self.block, self.draft_id = "", 0
+        self.stop = await self.reply.ended(event, claim, self.stop)
         if self.asked:
-            await s.store.close_prompts(p.session)
+            await self.p.s.store.close_prompts(self.p.session)
         if self.pending is not None:
             self.pending.difference_update(event.deliveries)
-
-    def _show(self, line: int, text: str) -> None:
-        """The live draft shows ``text`` (one draft id per text block, from its first event)."""
-        draft = self.p.draft
-        if draft is None or self.stop:
-            return
-        if not self.draft_id:
-            # Non-zero, the same when a restart replays the block, and naming this turn: a late
-            # press of a finished draft's stop button never stops the turn after it.
-            self.draft_id = draftids.draft_id(self.p.owned(), line)
-        draft.show(self.draft_id, text)
-
-    async def _end_draft(self) -> None:
-        """The draft shows nothing more; the next block gets a draft of its own."""
-        await self.p.end_draft()
-        self.draft_id = 0
-
-    async def _show_prompts(self, event: eve.QuestionOpened, claim: str) -> None:
-        """T5: each question or approval as a message with its options as inline buttons."""
-        p, chat, store = self.p, self.chat, self.p.s.store
-        # S3: the people whose messages make this turn may answer (and the owners, always); a
-        # pushed turn's or a reminder's: the people of its chat (F11, bridge/chat/askers.py).
-        asked = await askers.running(p.s.queue, chat)
-        self.answerable = await askers.answerable(p.s.people, asked)
-        async with store.db.transaction():
-            for request in event.questions:
-                prompt_id = await store.add_prompt(p.address, p.session, request.id,
-                                                   [o.id for o in request.options], chat_id=chat.chat_id,
-                                                   askers=asked)
-                buttons = [{"text": o.label[:60], "callback_data": PromptButton(prompt_id, i).encode()}
-                           for i, o in enumerate(request.options[:12])]
-                rows = [buttons[i:i + 3] for i in range(0, len(buttons), 3)] or None
-                text = request.prompt or t("input_needed", chat.lang)
-                await store.put_outgoing(p.address, f"{event.key}:{request.id}", chat.chat_id,
-                                         chat.thread_id, text, markup=rows)
-            await p.s.transitions.advance(p.address, claim, p.cursor)
-        self.asked.add(event.key)
-        await p.stop_typing()
-        await p.s.outbox.flush(p.address)
 
     # -- the end -------------------------------------------------------------------------------
 
     async def park(self) -> Phase | Ended | None:
-        """The parking handler: release the chat, or move it straight into a compaction (C1, C2)."""
-        p, s = self.p, self.p.s
-        claim = p.owned()
-        async with s.store.db.transaction():
-            parked = await s.transitions.park(
-                p.address, claim, cursor=p.cursor, measurement=self.measurement, threshold=s.threshold(),
-                may_compact=not s.requests.outstanding(p.address), announced=self.late is Late.ANNOUNCED,
-                first=self.first_measurement,
-            )
-            await p.spend.commit(s.store, p.address)
-            chat = parked.chat
-            told = await notewrites.tell_writes(s, chat, claim, parked.inflight)  # seed 000: every write visible
-            if parked.after_before is not None and parked.decision.after is not None:
-                await s.outbox.say(chat, f"after:{p.cursor}:{chat.claim}",
-                                   t("compact_after", chat.compact_lang or chat.lang, after=number(parked.decision.after),
-                                     before=number(parked.after_before)))
-        METRICS.turns.labels(outcome="completed").inc()
-        logger.info("turn_finished", measurement=self.measurement, messages=len(parked.inflight),
-                    threshold=s.threshold(), compacting=parked.compaction_claim is not None,
-                    **parked.decision.updates)
-        if parked.after_before is not None:
-            await s.outbox.flush(p.address)
-        if told is not None:
-            await s.outbox.flush(told)
-        if chat.owner_turn and s.rebuilder is not None and s.rebuilder.wanted(p.address):
-            # N7: after the turn, beside the compaction, never in front of the reply (sent already).
-            s.spawn(s.rebuilder.maybe_run(p.address))
-        if parked.compaction_claim is None:
-            if chat.compact_phase is not CompactPhase.RELEASED:
-                return Ended()
-            watched = await s.store.chat(p.address)
-            if watched is None or watched.compact_phase is not CompactPhase.RELEASED:
-                return Ended()  # announced during the turn: nothing outstanding
-            # C6: the compaction released before this turn is still outstanding at eve: watch
-            # for its announcement (which takes the chat again) as the released watch does.
-            await p.stop_typing()
-            p.typing = None
-            p.claim = None
-            logger.info("compaction_watch_resumed_after_turn")
-            return WatchPhase(p, Compaction(watched))
-        # busy(turn) → busy(compacting, auto): auto compaction is silent (C11).
-        await p.close()
-        current = await s.store.chat(p.address)
-        assert current is not None
-        # The turn's stop is over with the turn (the record's mark was cleared when it parked):
-        # a /stop now stops the compaction.
-        p.claim = parked.compaction_claim
-        return CompactionPhase(p, Compaction(current), stop=Stop.WANTED if current.stop_wanted else Stop.NONE)
+        """The parking handler (:mod:`.park`)."""
+        return await park(self.p, measurement=self.measurement, first=self.first_measurement,
+                          announced=self.late is Late.ANNOUNCED)
