@@ -398,7 +398,7 @@ def _start_real_eve(tmp_path_factory: pytest.TempPathFactory, version: str) -> I
     mcp_listen = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "EVE_VERSION": version, "EVE_PORT": str(free_port()), "FAKE_LLM_PORT": str(free_port()),
            "EVE_PEER_RUN_DIR": str(run_dir), "NOTEBOOK_MCP_URL": f"http://{mcp_listen}/mcp",
-           "NOTEBOOK_MCP_TOKEN": REAL_MCP_TOKEN}
+           "NOTEBOOK_MCP_TOKEN": REAL_MCP_TOKEN, "EVE_PEER_HITL_TOOLS": "1"}  # questions and approvals
     done = subprocess.run(["bash", str(EVE_PEER / "start.sh")], env=env, capture_output=True, text=True,
                           timeout=300, stdin=subprocess.DEVNULL)
     if done.returncode != 0:

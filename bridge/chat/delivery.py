@@ -4,6 +4,7 @@ an owner's turn (N6), the delivery recorded."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Sequence
 
 import structlog
@@ -13,7 +14,7 @@ import eve_client as eve
 from .. import log
 from ..errors import BridgeError
 from ..push import turns as pushed
-from ..storage.payloads import Queued, QueuedMessage, decode
+from ..storage.payloads import PushedTurn, Queued, QueuedMessage, decode
 from .compose import Composed, compose, hear
 from .endings import say_unheard
 from .services import Services
@@ -64,7 +65,8 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
             context, marks = await _state_block(s, address, policy)
             context, told = await pushed.context(s.store.db, address, items, context, steer=policy == "steer")
             try:
-                delivery = await s.eve.send(session, composed.message, turn_policy=policy, client_context=context)
+                delivery = await s.eve.send(session, composed.message, turn_policy=policy, client_context=context,
+                                            idempotency_key=idempotency_key(s.sender.bot.id, address, items, session))
             except eve.SessionGone as exc:
                 if attempt == 2 or policy == "steer":
                     raise Lost(str(exc)) from exc
@@ -78,6 +80,20 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
             s.media.forget(items)  # kept across an outage's retries until now (media.py)
             return delivery
     raise AssertionError("unreachable")
+
+
+def idempotency_key(bot: int, address: str, items: Sequence[Queued], session: str) -> str | None:
+    """V4: what makes these messages unique in Iva's queue — the bot, the chat (its address), the
+    messages' ids (an edit is the same message), or a pushed turn's own key — and the session, so
+    that a message sent again after its session was replaced is new there. eve 1.x answers a key
+    it has seen with the first delivery and starts no second turn; None when nothing names them."""
+    names = [f"m{i.message_id}" if isinstance(i, QueuedMessage) else f"p{i.key}" for i in items
+             if isinstance(i, QueuedMessage) or (isinstance(i, PushedTurn) and i.key)]
+    if len(names) != len(items):
+        return None
+    key = f"iva:{bot}:{address}:{session}:{','.join(names)}"
+    # eve takes at most 256 characters; a cut key could name another batch: a long one is hashed
+    return key if len(key) <= 256 else f"iva:{bot}:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
 async def _as_recorded(s: Services, address: str, claim: str, ids: Sequence[int], count: int) -> list[Queued] | None:
