@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.fakes.eve import FakeEve
@@ -496,6 +497,7 @@ async def eve_in_process_factory(tmp_path: Path, tg: FakeTelegram) -> AsyncItera
     from tests.harness import Harness, InProcess
 
     made: list[Harness] = []
+    recorder = BodyRecorder()
 
     def make(url: str, token: str, fake: FakeEve | None = None, *, listen: bool = False, **env: str) -> InProcess:
         if url in MCP_LISTEN:
@@ -503,10 +505,34 @@ async def eve_in_process_factory(tmp_path: Path, tg: FakeTelegram) -> AsyncItera
             env = {"IVA_API_LISTEN": MCP_LISTEN[url], "IVA_MCP_TOKEN": MCP_TOKENS[url], **env}
         elif fake is not None and fake.mcp_token and "IVA_MCP_TOKEN" not in env:
             env = {"IVA_MCP_TOKEN": fake.mcp_token, **env}
-        h = Harness(tmp_path / "state", tg, fake, eve_url=url, eve_token=token, listen=listen, **env)
+        h = Harness(tmp_path / "state", tg, fake, eve_url=url, eve_token=token, listen=listen,
+                    eve_transport=recorder if fake is None else None, **env)
         made.append(h)
         return InProcess(h)
 
     yield make
     for h in made:
         await h.stop()
+    await recorder.aclose()
+    # V3: eve 1.x answers 400 to any field it does not know; no body Iva sent a real eve was refused.
+    assert [r for r in recorder.seen if r[3] == 400] == []
+
+
+class BodyRecorder(httpx.AsyncBaseTransport):
+    """eve_client's transport seam against a real eve: every request and its status, recorded."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.seen: list[tuple[str, str, bytes, int]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            body = request.content
+        except httpx.RequestNotRead:
+            body = b""
+        response = await self.inner.handle_async_request(request)
+        self.seen.append((request.method, request.url.path, body, response.status_code))
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

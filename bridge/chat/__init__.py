@@ -6,7 +6,7 @@
    idle ─────────────────────────► busy(turn) ─────────────────────────► busy(compacting, auto)
    ▲ ▲ ◄───────────────────────────┘ │  park: below threshold              │  WANTED → POSTED
    │ │      give_back / fail_turn    │                                     │  → ACCEPTED
-   │ │                               │ gone / stuck: session_lost          │  session.waiting:
+   │ │                               │ gone / stuck: session_lost          │  eve idle after it:
    │ │                               ▼  (reset mark, fresh session)        │  finish_compaction
    │ └────────────── idle + reset mark ◄───────────────────────────────────┤
    │                                                                       │ ack window passed

@@ -87,13 +87,20 @@ def idempotency_key(bot: int, address: str, items: Sequence[Queued], session: st
     messages' ids (an edit is the same message), or a pushed turn's own key — and the session, so
     that a message sent again after its session was replaced is new there. eve 1.x answers a key
     it has seen with the first delivery and starts no second turn; None when nothing names them."""
-    names = [f"m{i.message_id}" if isinstance(i, QueuedMessage) else f"p{i.key}" for i in items
-             if isinstance(i, QueuedMessage) or (isinstance(i, PushedTurn) and i.key)]
+    names = [_name(i) for i in items if isinstance(i, QueuedMessage) or (isinstance(i, PushedTurn) and i.key)]
     if len(names) != len(items):
         return None
     key = f"iva:{bot}:{address}:{session}:{','.join(names)}"
     # eve takes at most 256 characters; a cut key could name another batch: a long one is hashed
     return key if len(key) <= 256 else f"iva:{bot}:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
+def _name(item: QueuedMessage | PushedTurn) -> str:
+    if isinstance(item, PushedTurn):
+        return f"p{item.key}"
+    if item.correction:  # I2: each edit of a message eve has is a correction of its own
+        return f"e{item.message_id}.{hashlib.sha256(item.text.encode()).hexdigest()[:12]}"
+    return f"m{item.message_id}"
 
 
 async def _as_recorded(s: Services, address: str, claim: str, ids: Sequence[int], count: int) -> list[Queued] | None:

@@ -21,7 +21,7 @@ logger = log.get("bridge.chat")
 @dataclass(frozen=True, slots=True)
 class SessionLost:
     """The session is gone, stranded or stuck (R2, R3). ``answered``: eve had ended the turn and
-    every message of it was answered (only eve's ``session.waiting`` never came)."""
+    every message of it was answered (only eve's idle after it never came)."""
 
     reason: str
     answered: bool = False

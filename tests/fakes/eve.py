@@ -1058,12 +1058,17 @@ class FakeEve:
         delivery = str(uuid.uuid4())
         if key is not None:  # derived from the key, as eve's looks (PROTOCOL-27.md §2)
             delivery = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{session.id}/{key}"))
-            session.keys[key] = delivery
-            while len(session.keys) > 1024:
-                session.keys.popitem(last=False)
+
+        def remember() -> None:  # only a send eve took: one whose caller died before is not one
+            if key is not None:
+                session.keys[key] = delivery
+                while len(session.keys) > 1024:
+                    session.keys.popitem(last=False)
+
         accepted = web.json_response({"ok": True, "sessionId": session.id, "deliveryId": delivery}, status=202,
                                      headers={"x-eve-session-id": session.id})
         if answers is not None:
+            remember()
             if session.asking:
                 session.answers.put_nowait(("response", [{"requestId": a["interactionId"],
                                                           **{k: v for k, v in a.items() if k != "interactionId"}}
@@ -1074,10 +1079,13 @@ class FakeEve:
                 session.inputs.put_nowait(item)
             return accepted
         if session.asking and not self.stuck:
+            remember()
             session.answers.put_nowait(("message", message, delivery))
             return accepted
         item = self._message_input(session, message, delivery, policy, body.get("clientContext"))
         refused = await self._take(request, session, body, item)
+        if refused is None or refused.status == 502:
+            remember()
         return refused if refused is not None else accepted
 
     async def _stream27(self, request: web.Request, session: FakeSession) -> web.StreamResponse:

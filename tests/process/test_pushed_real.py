@@ -17,7 +17,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import EVE_PEER, MCP_LISTEN, MCP_TOKENS, OWNER, REAL, RealEve, free_port
+from tests.conftest import (
+    EVE_PEER,
+    EVE_VERSIONS,
+    MCP_LISTEN,
+    MCP_TOKENS,
+    OWNER,
+    REAL,
+    RealEve,
+    free_port,
+)
 
 pytestmark = [REAL, pytest.mark.process, pytest.mark.timeout(600)]  # eve's build (with the schedule), then minutes of fires
 
@@ -26,15 +35,15 @@ MCP_TOKEN = "push-mcp-token-0123456789"
 BRIEF = re.compile(r"^echo: scheduled brief for (\d{4}-\d\d-\d\dT\d\d:\d\d)$")
 
 
-@pytest.fixture(scope="module")
-def pushing_eve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEve]:
-    """A real eve whose schedule pushes to the daemon's owner API (the daemon listens where both
-    the schedule's URL and the notebook connection point)."""
+@pytest.fixture(scope="module", params=EVE_VERSIONS)
+def pushing_eve(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEve]:
+    """A real eve (each version in turn) whose schedule pushes to the daemon's owner API (the
+    daemon listens where both the schedule's URL and the notebook connection point)."""
     if os.environ.get("IVA_SKIP_REAL_EVE") == "1":
         pytest.skip("IVA_SKIP_REAL_EVE=1: real-eve contract tests skipped on request")
-    run_dir = tmp_path_factory.mktemp("eve-peer-push")
+    run_dir = tmp_path_factory.mktemp(f"eve-peer-push-{request.param}")
     listen = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "EVE_PORT": str(free_port()), "FAKE_LLM_PORT": str(free_port()),
+    env = {**os.environ, "EVE_VERSION": request.param, "EVE_PORT": str(free_port()), "FAKE_LLM_PORT": str(free_port()),
            "EVE_PEER_RUN_DIR": str(run_dir), "NOTEBOOK_MCP_URL": f"http://{listen}/mcp",
            "NOTEBOOK_MCP_TOKEN": MCP_TOKEN, "IVA_PUSH_URL": f"http://{listen}/v1/chats/{OWNER}/turns",
            "IVA_PUSH_TOKEN": API_TOKEN}
@@ -43,7 +52,7 @@ def pushing_eve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEve]:
     if done.returncode != 0:
         pytest.fail(f"eve-peer did not start:\n{done.stdout}\n{done.stderr}")
     values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
-    peer = RealEve(values, Path(run_dir))
+    peer = RealEve({"EVE_VERSION": request.param, **values}, Path(run_dir))
     peer.script_env = env
     peer.mcp_listen = listen
     MCP_LISTEN[peer.url] = listen

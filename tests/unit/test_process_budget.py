@@ -14,9 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # collected tests (parametrized ones count each); 136 when the move began (plus what landed since), the goal
-# 50. 34 until the real-eve tests ran on both eves (0.80.1 and 1.0.1: each real-eve process test twice),
-# and the example agent's build test came.
-BUDGET = 42
+# 50. 34 until the real-eve tests ran on both eves (0.80.1 and 1.0.1: each real-eve process test twice,
+# the schedule's push included), and the example agent's build test came.
+BUDGET = 44
 
 
 def _whole_suite(config: pytest.Config) -> bool:

@@ -7,8 +7,8 @@
         │  └──park: a compaction released before the turn is outstanding (C6)──► WatchPhase
         └──park: measurement ≥ threshold (C1, C2)──► CompactionPhase
     CompactionPhase ──ack window passed (C6): release──► WatchPhase
-    WatchPhase ──compaction.requested: recapture──► CompactionPhase
-    CompactionPhase ──session.waiting (C7)──► (ended: idle)
+    WatchPhase ──eve begins it: recapture──► CompactionPhase
+    CompactionPhase ──eve idle (C7)──► (ended: idle)
     WatchPhase ──a message, the busy timeout──► (ended: the worker takes it)
 
 Modules, in import order: :mod:`.turn` (a turn's events, prompts, the stop, parking) imports

@@ -80,7 +80,7 @@ class TurnPhase(Phase):
 
     def lost(self, why: str) -> Outcome:
         # The turn had ended in eve and every message of it was answered: nobody is asked to
-        # repeat what was answered (eve died before its session.waiting, PROTOCOL.md §9).
+        # repeat what was answered (eve 0.80 died before it was idle, PROTOCOL.md §9).
         return SessionLost(why, answered=self.stage is Stage.ENDED and not self.pending and not self.stop)
 
     # -- time --------------------------------------------------------------------------------
