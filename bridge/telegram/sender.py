@@ -148,9 +148,10 @@ class Sender:
         or that they must open a private chat first. Never the text itself to the group. The row
         is done once all of it went (a crash before: sent again, the labelled window)."""
         markdown = out.format == "markdown"
+        markup = _keyboard(out.markup)  # the asker's buttons, wherever they are shown
         if not await self.say(out.chat_id, out.thread_id, out.text, reply_to=out.reply_to, markdown=markdown,
-                              receiver=receiver, fallback=False):
-            sent = await self.say(receiver, None, fallback["private"], markdown=markdown)
+                              receiver=receiver, fallback=False, markup=markup):
+            sent = await self.say(receiver, None, fallback["private"], markdown=markdown, markup=markup)
             await self.say(out.chat_id, out.thread_id, fallback["sent" if sent else "unsent"], reply_to=out.reply_to)
         METRICS.telegram_sent.inc()
         await self.store.finish_outgoing(out.id, chunks_sent=1, message_ids=[])
@@ -250,19 +251,21 @@ class Sender:
 
     async def say(self, chat_id: int, thread_id: int | None, text: str, *, reply_to: int | None = None,
                   markdown: bool = True, receiver: int | None = None, callback_query_id: str | None = None,
-                  fallback: bool = True) -> bool:
-        """An immediate, non-durable answer (help, status): one try with the same fallbacks.
-        False when Telegram would not deliver it (blocked, never started, gone), or would not
-        show it to ``receiver`` alone and ``fallback`` is off."""
+                  fallback: bool = True, markup: InlineKeyboardMarkup | None = None) -> bool:
+        """An immediate, non-durable answer (help, status): one try with the same fallbacks;
+        ``markup`` on its last part. False when Telegram would not deliver it (blocked, never
+        started, gone), or would not show it to ``receiver`` alone and ``fallback`` is off."""
         try:
-            for chunk in render(text, markdown=markdown):
+            chunks = render(text, markdown=markdown)
+            for number, chunk in enumerate(chunks):
+                keys = markup if number == len(chunks) - 1 else None
                 try:
-                    await self._send_chunk(chat_id, thread_id, chunk, reply_to, receiver=receiver,
+                    await self._send_chunk(chat_id, thread_id, chunk, reply_to, keys, receiver=receiver,
                                            callback_query_id=callback_query_id, fallback=fallback)
                 except TopicGone as exc:  # the topic went: the chat's root has it, once
                     logger.info("telegram_say_topic_gone", chat_id=chat_id, thread_id=thread_id, error=str(exc))
                     thread_id = None
-                    await self._send_chunk(chat_id, None, chunk, None, receiver=receiver,
+                    await self._send_chunk(chat_id, None, chunk, None, keys, receiver=receiver,
                                            callback_query_id=callback_query_id, fallback=fallback)
                 reply_to = None
         except (ChatGone, TelegramBadRequest, EphemeralRefused) as exc:

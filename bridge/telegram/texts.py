@@ -252,6 +252,12 @@ _TEXTS: dict[str, dict[Lang, str]] = {
                          "ru": "Напоминания в этом чате ({n}); кнопка отменяет:"},
     "reminders_owner_only": {"en": "Only the owner can see the reminders.",
                              "ru": "Напоминания видит только владелец."},
+    "reminders_sent_privately": {"en": "I've sent you this chat's reminders in private.",
+                                 "ru": "Напоминания этого чата отправила вам в личку."},
+    "reminders_start_private": {"en": "The reminders are only shown to you: open a chat with me, press Start, "
+                                      "then ask again.",
+                                "ru": "Напоминания показываю только вам: откройте чат со мной, нажмите «Старт» и "
+                                      "спросите снова."},
     "reminders_paused": {"en": "paused: the chat is blocked or gone", "ru": "на паузе: чат заблокирован или удалён"},
     "reminders_next": {"en": "next {at}", "ru": "следующее {at}"},
     "reminders_cancel": {"en": "✖ {what}", "ru": "✖ {what}"},

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 
 import pytest
 
 from tests.conftest import FRIEND, OWNER, STRANGER
+from tests.fakes.clock import FakeClock, HandClock
 from tests.fakes.telegram import BOT_USERNAME
+from tests.harness import Harness
 
 
 async def test_stranger_gets_nothing(tg, fake_eve, in_process):
@@ -82,15 +83,25 @@ async def test_markdown_becomes_entities(tg, fake_eve, in_process):
     assert "parse_mode" not in sent
 
 
-async def test_429_waits_retry_after(tg, fake_eve, in_process):
-    """T6: a 429 is honoured: the send is retried after retry_after, and succeeds once."""
-    tg.fail("sendMessage", 429, retry_after=1)
-    await tg.message("hurry", user_id=OWNER)
-    await tg.wait_texts(1)
-    attempts = [c for c in tg.calls if c.method == "sendMessage"]
-    assert len(attempts) == 2
-    assert attempts[1].at - attempts[0].at >= 0.95
-    assert tg.texts() == ["echo: hurry"]
+async def test_429_waits_retry_after(tmp_path, tg, fake_eve):
+    """T6: a 429 is honoured: the send is retried after retry_after (on the pacer's injected
+    clock: nothing goes again until it has moved the 25 s), and succeeds once."""
+    clock = FakeClock()
+    h = Harness(tmp_path / "state", tg, fake_eve, clock=clock)
+    await h.start()
+    try:
+        tg.fail("sendMessage", 429, retry_after=25)
+        await tg.message("hurry", user_id=OWNER)
+        await tg.wait_for(lambda: clock.sleepers, 15, "the chat held")
+        await clock.advance(24)
+        assert len(tg.calls_of("sendMessage")) == 1 and clock.sleepers == 1  # not before the 25 s
+        await clock.advance(1)
+        await tg.wait_texts(1)
+        await h.settled()
+        assert len(tg.calls_of("sendMessage")) == 2
+        assert tg.texts() == ["echo: hurry"]
+    finally:
+        await h.stop()
 
 
 async def test_transient_telegram_errors_retry(tg, fake_eve, in_process):
@@ -295,24 +306,31 @@ async def test_sigkill_loses_and_duplicates_nothing_queued(tg, fake_eve, in_proc
     assert tg.texts() == ["echo: long", "echo: queued 0 queued 1 queued 2"]
 
 
-async def test_stuck_session_is_freed_after_busy_timeout(tg, fake_eve, in_process_factory):
+async def test_stuck_session_is_freed_after_busy_timeout(tmp_path, tg, fake_eve):
     """R2/R3 with the fake eve's "stuck" mode (eve restarted mid-turn, PROTOCOL.md §9): a session that
     makes no progress frees the chat; the person is asked to repeat; the next message gets a new session."""
-    d = in_process_factory(IVA_BUSY_TIMEOUT="2")
-    await d.start()
-    await tg.message("warm up", user_id=OWNER)
-    await tg.wait_texts(1)
-    fake_eve.stuck = True
-    started = time.monotonic()
-    await tg.message("this will hang", user_id=OWNER)
-    await tg.wait_texts(2, timeout=20)
-    assert time.monotonic() - started >= 1.9
-    assert "repeat your last request" in tg.texts()[1]
-    fake_eve.stuck = False
-    await tg.message("fresh start", user_id=OWNER)
-    await tg.wait_texts(3, timeout=20)
-    assert tg.texts()[2] == "echo: fresh start"
-    assert len(fake_eve.sessions) == 2
+    clock = HandClock()  # the busy timeout on the injected clock: freed when it passes, never before
+    h = Harness(tmp_path / "state", tg, fake_eve, busy_clock=clock, IVA_BUSY_TIMEOUT="600")
+    await h.start()
+    try:
+        await tg.message("warm up", user_id=OWNER)
+        await tg.wait_texts(1)
+        fake_eve.stuck = True
+        await tg.message("this will hang", user_id=OWNER)
+        await h.until(lambda: clock.waiting >= 1, what="the turn waiting on its busy timeout")
+        await clock.advance(599)
+        await asyncio.sleep(0.2)
+        assert len(tg.texts()) == 1  # within the timeout: nothing said
+        await clock.advance(2)
+        await tg.wait_texts(2, timeout=20)
+        assert "repeat your last request" in tg.texts()[1]
+        fake_eve.stuck = False
+        await tg.message("fresh start", user_id=OWNER)
+        await tg.wait_texts(3, timeout=20)
+        assert tg.texts()[2] == "echo: fresh start"
+        assert len(fake_eve.sessions) == 2
+    finally:
+        await h.stop()
 
 
 async def test_documents_and_photos_go_to_eve_as_file_parts(tg, fake_eve, in_process):

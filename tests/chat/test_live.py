@@ -14,6 +14,7 @@ import pytest
 
 from bridge.chat.live import FRAME_INTERVAL
 from bridge.chat.transitions import ChatState, state_of
+from tests.fakes.clock import FakeClock
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import BOT_USERNAME, FakeTelegram
 from tests.harness import FRIEND, OWNER, Harness
@@ -154,16 +155,25 @@ async def test_a_stop_survives_a_restart(harness: Harness, tg: FakeTelegram, fak
     assert not (await harness.chat()).stop_wanted
 
 
-async def test_a_429_on_drafts_slows_the_frames_and_the_final_still_goes(harness: Harness, tg: FakeTelegram):
-    """L*: a 429 on a frame waits retry_after (frames are skipped, never queued); the final
-    message is sent once, whole."""
-    tg.fail("sendMessageDraft", 429, retry_after=1, times=1)
-    await tg.message(SLOW, user_id=OWNER)
-    await harness.settled()
-    assert tg.texts() == [SLOW_TEXT]
-    calls = [c for c in tg.calls if c.method == "sendMessageDraft"]
-    assert len(calls) >= 2
-    assert calls[1].at - calls[0].at >= 1.0  # the retry_after was kept
+async def test_a_429_on_drafts_slows_the_frames_and_the_final_still_goes(tmp_path: Path, tg: FakeTelegram,
+                                                                         fake_eve: FakeEve):
+    """L*: a 429 on a frame holds the chat for retry_after (on the pacer's injected clock): no
+    frame goes meanwhile (skipped, never queued), and the final message waits the hold out, then
+    is sent once, whole (before: a wall-time gap between two frames was asserted)."""
+    clock = FakeClock()
+    h = Harness(tmp_path / "state", tg, fake_eve, clock=clock)
+    await h.start()
+    try:
+        tg.fail("sendMessageDraft", 429, retry_after=1, times=1)
+        await tg.message(SLOW, user_id=OWNER)
+        await tg.wait_for(lambda: clock.sleepers, 20, "the final waiting out the hold")
+        assert len(tg.calls_of("sendMessageDraft")) == 1 and tg.texts() == []  # the refused frame alone
+        await clock.advance(1)
+        await h.settled()
+        assert tg.texts() == [SLOW_TEXT]
+        assert len(tg.calls_of("sendMessageDraft")) == 1  # nothing after the hold either: the answer was done
+    finally:
+        await h.stop()
 
 
 async def test_a_message_stopped_before_eve_had_it_is_never_sent(harness: Harness, tg: FakeTelegram,

@@ -14,7 +14,6 @@ import asyncio
 import base64
 import shlex
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -179,12 +178,12 @@ async def test_a_hanging_transcription_is_killed_at_the_timeout_and_nothing_wait
     tg.files["v1"] = OGG
     await tg.message(None, user_id=OWNER, extra=voice("v1", OGG))
     await h.until(lambda: records(record), what="the command to start")
-    started = time.monotonic()
     await tg.message("meanwhile", user_id=FRIEND)
-    await tg.wait_for(lambda: "echo: meanwhile" in tg.texts(FRIEND), 10, "the other chat's answer")
+    await tg.wait_for(lambda: "echo: meanwhile" in tg.texts(FRIEND), 30, "the other chat's answer")
     assert tg.texts(OWNER) == []  # answered while the transcription still hangs
-    await tg.wait_for(lambda: tg.texts(OWNER) == [UNHEARD], 15, "the one-line notice")
-    assert time.monotonic() - started < 10
+    # The command hangs for good: the notice comes only if it was killed at the timeout (this
+    # wait a failure bound; before: asserted as under 10 s of wall time).
+    await tg.wait_for(lambda: tg.texts(OWNER) == [UNHEARD], 60, "the one-line notice")
     await h.settled()
     run = records(record)[0]
     assert not alive(run["pid"]) and not alive(run["helper"])

@@ -160,3 +160,42 @@ async def test_the_notes_answer_is_durable_in_private_and_in_a_group(group_bot: 
     await _crash_while_answering(group_bot, tg, "/notes", GROUP, "supergroup")
     assert to(tg, OWNER) == ["📓 The notebook of this chat is empty."] and to(tg, None) == []
     assert tg.texts(OWNER) == ["📓 The notebook of this chat is empty."]  # nothing more in private
+
+
+@pytest.mark.parametrize("refused", [False, True])
+async def test_reminders_in_a_group_go_to_the_asker_alone(group_bot: Harness, tg: FakeTelegram, refused: bool):
+    """/reminders in a group (S7): the owner's list of that group's reminders is shown to the
+    owner alone — ephemeral, or where Telegram will not, in the owner's private chat, whose
+    button cancels the group's reminder — and a member's refusal to that member alone."""
+    await tg.message("hi", user_id=OWNER)  # the owner's private chat, with a reminder of its own
+    await tg.message(f"@{BOT_USERNAME} hi", user_id=OWNER, chat_id=GROUP, chat_type="supergroup",
+                     entities=[{"type": "mention", "offset": 0, "length": len(BOT_USERNAME) + 1}])
+    await group_bot.settled()
+    rm = group_bot.reminders
+    assert rm is not None
+    await rm.set(str(GROUP), "water the plants", cron="0 8 * * *")
+    await rm.set(str(OWNER), "private plan", cron="0 9 * * *")
+    before, in_private = to(tg, None), len(tg.sent(OWNER))
+    tg.refuse_ephemeral = REFUSED if refused else None
+    await say(tg, "/reminders", FRIEND)
+    await group_bot.settled()
+    await say(tg, "/reminders", OWNER)
+    await group_bot.settled()
+
+    refusal = "Only the owner can see the reminders."
+    if not refused:
+        assert to(tg, FRIEND) == [refusal]
+        [listing] = [p for p in tg.sent(GROUP)
+                     if (p.get("ephemeral_message_parameters") or {}).get("receiver_user_id") == OWNER]
+        assert to(tg, None) == before  # the group saw nothing
+        assert len(tg.sent(OWNER)) == in_private  # and nothing went to private
+    else:
+        assert to(tg, None) == [*before, refusal, "I've sent you this chat's reminders in private."]
+        [listing] = tg.sent(OWNER)[in_private:]
+        assert listing["text"].startswith("Group\nReminders in this chat (1)")
+    assert "water the plants" in listing["text"] and "private plan" not in listing["text"]
+    assert all("water" not in text for text in to(tg, None))
+    await tg.press(listing, "✖ water the plants", user_id=OWNER)
+    await group_bot.settled()
+    assert await rm.active(str(GROUP)) == []  # the button cancelled the group's reminder
+    assert [r.text for r in await rm.active(str(OWNER))] == ["private plan"]

@@ -59,7 +59,10 @@ async def test_status_reads_while_another_connection_holds_the_write_lock(tmp_pa
     writer.execute("UPDATE chats SET lang = 'ru' WHERE address = ?", (QUIET,))
     before = db.stat().st_mtime_ns, sorted(p.name for p in db.parent.iterdir())
     try:
+        [(busy_since,)] = writer.execute("SELECT busy_since FROM chats WHERE address = ?", (BUSY,)).fetchall()
+        before_run = time.time()
         code, out = _run("--state", str(db.parent), "--json")
+        after_run = time.time()
         assert code == 0, out
         code_t, table = _run("--state", str(db.parent))
         assert code_t == 0, table
@@ -74,7 +77,10 @@ async def test_status_reads_while_another_connection_holds_the_write_lock(tmp_pa
     assert set(chats) == {BUSY, WAITING, BLOCKED}  # the quiet chat has nothing to show
     busy = chats[BUSY]
     assert (busy["status"], busy["kind"], busy["queued"], busy["in_flight"]) == ("busy", "turn", 1, 1)
-    assert 120 <= busy["busy_for_s"] < 200 and busy["overdue"] is False
+    # The time busy as of the run, read between the clock before and after it (before: a fixed
+    # window, 120 ≤ s < 200, which a slow enough run would leave).
+    assert before_run - busy_since - 1 <= busy["busy_for_s"] <= after_run - busy_since + 1
+    assert busy["overdue"] is False
     assert chats[WAITING]["replies_pending"] == 1 and chats[WAITING]["oldest_pending_reply_s"] is not None
     assert chats[WAITING]["last_error"].startswith("a reply was given up on")
     assert chats[BLOCKED]["last_error"] == "blocked: Forbidden: bot was blocked by the user"
