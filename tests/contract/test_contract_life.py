@@ -103,6 +103,25 @@ async def test_a_question_is_answered_by_button_or_by_text(tg, backend, daemon, 
         assert chosen.lower() in answers[0].lower()
 
 
+async def test_a_restart_of_iva_mid_turn_answers_once(tg, backend, eve_in_process_factory):
+    """R2/T7 on every eve: Iva stopped while eve runs a turn; started again, it reads the stream
+    from the cursor and answers once, in the same session."""
+    d = eve_in_process_factory(backend.url, backend.token, backend.fake)
+    await d.start()
+    await tg.message("warm up", user_id=OWNER)
+    await tg.wait_texts(1, timeout=30)
+    await d.settled()
+    session = d.chat(A)["eve_session"]
+    await tg.message("slow one [[delay=3]]", user_id=OWNER)
+    await tg.wait_for(lambda: backend.running("slow one"), 30, "eve running the turn")
+    await d.h.stop()  # the graceful stop SIGTERM makes: the record stays busy(turn)
+    await d.start()
+    await tg.wait_for(lambda: "echo: slow one" in tg.texts(), 40, "the answer after the restart")
+    await d.settled()
+    assert tg.texts() == ["echo: warm up", "echo: slow one"]
+    assert d.chat(A)["eve_session"] == session
+
+
 async def test_a_restart_of_iva_mid_compaction_finishes_it(tg, backend, eve_in_process_factory):
     """R2 on every eve: Iva stopped while eve compacts; started again, it follows the compaction
     from the cursor to its end, once; the next message is answered after it."""
