@@ -51,7 +51,9 @@ async def test_immediate_policy_steers_the_running_turn(tg, backend, eve_in_proc
     """T4 immediate: a message during a turn goes to eve at once, with turnPolicy steer."""
     d = eve_in_process_factory(backend.url, backend.token, backend.fake, IVA_TURN_POLICY="immediate")
     await d.start()
-    await tg.message("slow one [[delay=3]]", user_id=OWNER)
+    # A delay well past any load's: the steer must land before output starts (then eve folds it in
+    # and the model's next call, on the steer, has no delay); after output it would be a turn of its own.
+    await tg.message("slow one [[delay=15]]", user_id=OWNER)
     await tg.wait_for(lambda: backend.running("slow one"), 20, "eve running the turn")
     await tg.message("actually, this", user_id=OWNER)
     await tg.wait_texts(1, timeout=30)
