@@ -112,13 +112,13 @@ async def test_a_restart_of_iva_mid_turn_answers_once(tg, backend, eve_in_proces
     await tg.wait_texts(1, timeout=30)
     await d.settled()
     session = d.chat(A)["eve_session"]
-    await tg.message("slow one [[delay=3]]", user_id=OWNER)
-    await tg.wait_for(lambda: backend.running("slow one"), 30, "eve running the turn")
+    await tg.message("slow restart turn [[delay=3]]", user_id=OWNER)
+    await tg.wait_for(lambda: backend.running("slow restart turn"), 30, "eve running the turn")
     await d.h.stop()  # the graceful stop SIGTERM makes: the record stays busy(turn)
     await d.start()
-    await tg.wait_for(lambda: "echo: slow one" in tg.texts(), 40, "the answer after the restart")
+    await tg.wait_for(lambda: "echo: slow restart turn" in tg.texts(), 40, "the answer after the restart")
     await d.settled()
-    assert tg.texts() == ["echo: warm up", "echo: slow one"]
+    assert tg.texts() == ["echo: warm up", "echo: slow restart turn"]
     assert d.chat(A)["eve_session"] == session
 
 

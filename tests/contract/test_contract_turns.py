@@ -52,9 +52,11 @@ async def test_immediate_policy_steers_the_running_turn(tg, backend, eve_in_proc
     d = eve_in_process_factory(backend.url, backend.token, backend.fake, IVA_TURN_POLICY="immediate")
     await d.start()
     # A delay well past any load's: the steer must land before output starts (then eve folds it in
-    # and the model's next call, on the steer, has no delay); after output it would be a turn of its own.
-    await tg.message("slow one [[delay=15]]", user_id=OWNER)
-    await tg.wait_for(lambda: backend.running("slow one"), 20, "eve running the turn")
+    # and the model's next call, on the steer, has no delay); after output it would be a turn of its
+    # own. Words no other test sends: the real eve's model log is the session's (a loaded run saw
+    # another test's "slow one" there, and sent the steer before this turn ran: one turn of both).
+    await tg.message("slow steered turn [[delay=15]]", user_id=OWNER)
+    await tg.wait_for(lambda: backend.running("slow steered turn"), 20, "eve running the turn")
     await tg.message("actually, this", user_id=OWNER)
     await tg.wait_texts(1, timeout=30)
     await d.settled()
