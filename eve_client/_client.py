@@ -23,8 +23,16 @@ from ._errors import (
     map_response,
     map_transport,
 )
-from ._model import Event, Position, SessionEnded
-from ._models import Accepted, AgentInfo, Answer, Delivery, Health, StreamPage
+from ._model import Event, Position, SessionBegan, SessionEnded
+from ._models import (
+    Accepted,
+    AgentInfo,
+    Answer,
+    Delivery,
+    Health,
+    StreamPage,
+    implied_stream_version,
+)
 from ._retry import RetryPolicy
 from ._wire import Malformed, Transport
 from ._wire26 import Reader26
@@ -454,6 +462,10 @@ class EveClient:
                 continue
             number += 1
             for event in parsed:
+                if isinstance(event, SessionBegan) and implied_stream_version(event.eve_version) == opened.version:
+                    # the eve a session was started on, if it is the eve serving it (a session 0.80
+                    # started, read on 1.x after an upgrade, says 0.80.1)
+                    self.eve_version = event.eve_version
                 yield event
 
 

@@ -78,7 +78,9 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class SessionBegan(Event):
-    pass
+    """The session's first event; ``eve_version``: the eve that started it, where eve says."""
+
+    eve_version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

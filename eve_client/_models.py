@@ -29,18 +29,8 @@ class AgentInfo:
 
     @property
     def stream_version(self) -> int | None:
-        """The stream version eve's own version implies (0.84 began version 27); None when eve
-        did not say or is past what this client knows (a 2.x: its stream's header decides)."""
-        if self.eve_version is None:
-            return None
-        parts = self.eve_version.split(".")
-        try:
-            major, minor = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
-        except ValueError:
-            return None
-        if major == 0:
-            return 26 if minor < 84 else 27
-        return 27 if major == 1 else None
+        """The stream version eve's own version implies (see :func:`implied_stream_version`)."""
+        return implied_stream_version(self.eve_version)
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> AgentInfo:
@@ -57,6 +47,21 @@ class AgentInfo:
             raw=raw,
             eve_version=_eve_version(raw),
         )
+
+
+def implied_stream_version(eve_version: str | None) -> int | None:
+    """The stream version an eve version speaks (0.84 began version 27); None when unknown or past
+    what this client knows (a 2.x: its stream's header decides)."""
+    if eve_version is None:
+        return None
+    parts = eve_version.split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        return None
+    if major == 0:
+        return 26 if minor < 84 else 27
+    return 27 if major == 1 else None
 
 
 def _eve_version(raw: Mapping[str, Any]) -> str | None:

@@ -80,7 +80,9 @@ class Reader26:
         extra: Event | None = None  # a second event of the line, at index 1
         match type_:
             case "session.started":
-                event = SessionBegan(**base)
+                runtime = mapping(data.get("runtime"))
+                version = runtime.get("eveVersion")
+                event = SessionBegan(**base, eve_version=version if isinstance(version, str) else None)
             case "turn.started":
                 event = TurnBegan(**base, turn_id=turn, deliveries=deliveries)
             case "message.received":

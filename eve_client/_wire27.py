@@ -122,7 +122,7 @@ class Reader27:
         turn = _str(data.get("turnId")) or _str(scope.get("turnId"))
         match type_:
             case "session.started":
-                return SessionBegan(**base)
+                return SessionBegan(**base, eve_version=_str(mapping(data.get("runtime")).get("eveVersion")))
             case "turn.started":
                 cause = _str(mapping(data.get("cause")).get("deliveryId"))
                 return TurnBegan(**base, turn_id=turn, deliveries=(cause,) if cause else ())

@@ -103,6 +103,7 @@ async def test_a_plain_turn_reads_as_ivas_events_at_their_positions() -> None:
     usage = seen[8]
     assert isinstance(usage, eve.UsageRecorded) and usage.usage.input_tokens == 86 and not usage.context
     assert seen[-1].after == eve.Position(9, 0)
+    assert isinstance(seen[0], eve.SessionBegan) and seen[0].eve_version == "1.0.1"
 
 
 @pytest.mark.parametrize("cut", [(line, index) for line, record in enumerate(TURN)
@@ -214,3 +215,17 @@ def test_narration_an_interrupted_part_and_an_in_turn_compaction() -> None:
     assert isinstance(usage, eve.UsageRecorded) and usage.context
     assert isinstance(settled, eve.ContextSettled) and settled.in_turn and settled.ok
     assert isinstance(cut, eve.TextDone) and cut.interrupted and cut.phase is eve.Phase.NARRATION
+
+
+@pytest.mark.parametrize(("started_on", "recorded"), [("1.0.1", "1.0.1"), ("0.80.1", None)])
+async def test_the_client_learns_eves_version_from_a_session_it_serves(started_on: str, recorded: str | None) -> None:
+    """V8: eve's version for /status, from the first event of a session eve serves on this stream
+    version; a session 0.80 started, read on 1.x after an upgrade, does not name the serving eve."""
+    records = [{"at": "a", "facts": [fact("session.started", runtime={"eveVersion": started_on})]},
+               {"at": "a", "facts": [fact("turn.settled", T0, outcome="completed", reply=[], turnId="turn_0")]}]
+    async with eve.EveClient("http://eve.test", token="t", transport=httpx.MockTransport(Script(lines_from(records))),
+                             retry=FAST) as client:
+        async for event in client.stream(SID):
+            if isinstance(event, eve.Idle):
+                break
+        assert client.eve_version == recorded and client.stream_version == 27
