@@ -15,6 +15,7 @@ from .. import log
 from ..errors import BridgeError
 from ..push import turns as pushed
 from ..storage.payloads import PushedTurn, Queued, QueuedMessage, decode
+from ..telegram.texts import t
 from .compose import Composed, compose, hear
 from .endings import say_unheard
 from .services import Services
@@ -71,7 +72,15 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
                 if attempt == 2 or policy == "steer":
                     raise Lost(str(exc)) from exc
                 logger.warning("eve_session_replaced", reason=str(exc))
-                await s.transitions.session_dropped(address, claim)
+                async with s.store.db.transaction():
+                    chat = await s.store.chat(address)
+                    await s.transitions.session_dropped(address, claim)
+                    if isinstance(exc, eve.SessionStranded) and chat is not None:
+                        # V5: eve was upgraded under the session; said once (keyed on the old
+                        # session), before the answer the new session gives
+                        await s.outbox.say(chat, f"upgraded:{session}", t("eve_upgraded", chat.lang))
+                if isinstance(exc, eve.SessionStranded):
+                    await s.outbox.flush(address)
                 continue
             # The one-shot marks (N6) once the block is with eve: a crash before this shows it again.
             await s.transitions.delivered(address, claim, delivery.delivery_id, marks, steered=steered,

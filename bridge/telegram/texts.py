@@ -102,6 +102,8 @@ _TEXTS: dict[str, dict[Lang, str]] = {
                                       "moment, and then I answer what you sent meanwhile.",
                                 "ru": "Сейчас разговор сжимается, и это нельзя прервать на середине; это займёт немного "
                                       "времени, потом я отвечу на то, что вы прислали."},
+    "eve_upgraded": {"en": "The assistant was upgraded, so our conversation starts afresh (your notebook came along).",
+                     "ru": "Ассистента обновили, поэтому разговор начинается заново (ваш блокнот сохранился)."},
     "status_eve": {"en": "eve: {version}, stream version {stream}", "ru": "eve: {version}, версия потока {stream}"},
     "stop_nothing": {"en": "Nothing is running right now.", "ru": "Сейчас ничего не выполняется."},
     "stop_not_yours": {"en": "Only the person I'm answering (or an owner) can stop this.",

@@ -1,6 +1,6 @@
 """An eve upgrade under Iva (SPEC V2, V5 in part; PROTOCOL-27.md §11), in process on the fake:
-an idle chat whose session eve stranded goes on in a new session; a busy chat whose cursor was
-read on stream version 26 meets a 27 stream and is never applied to it."""
+an idle chat whose session eve stranded goes on in a new session, the person told once; a busy
+chat whose cursor was read on stream version 26 meets a 27 stream and is never applied to it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bridge.chat.transitions import ChatState, state_of
+from bridge.telegram.texts import t
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import OWNER, Harness
@@ -27,7 +28,8 @@ async def test_an_idle_chat_on_a_stranded_session_goes_on_in_a_new_one(tmp_path:
         await tg.message("after the upgrade", user_id=OWNER)
         await h.settled()
         chat = await h.chat()
-        assert tg.texts() == ["echo: before", "echo: after the upgrade"]
+        told = t("eve_upgraded", "en")
+        assert tg.texts() == ["echo: before", told, "echo: after the upgrade"]  # told once, first
         assert chat.eve_session not in (None, old) and state_of(chat) is ChatState.IDLE
     finally:
         await h.stop()
