@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from tests.conftest import OWNER, REAL
@@ -145,8 +143,8 @@ async def test_late_acknowledgement_releases_then_recaptures(tmp_path, tg, fake_
         await wait_chat(d, tg, compacting, "compacting")
         await h.until(lambda: clock.waiting >= 1, what="the compaction waiting on its ack window")
         await clock.advance(h.settings.compact_ack_seconds - 0.5)
-        await asyncio.sleep(0.2)
-        assert compacting(d.chat(A)) and not acknowledged()  # held within the window
+        await clock.settled()  # the window's deadline has seen the new reading, and did not pass
+        assert clock.waiting >= 1 and compacting(d.chat(A)) and not acknowledged()  # held within the window
         await clock.advance(1)
         await wait_chat(d, tg, idle, "released at the ack window")
         assert not acknowledged()  # released before eve answered /compact

@@ -46,13 +46,32 @@ class HandClock(PeriodClock):
         self.start = start
         self.waiting = 0
         self._changed = asyncio.Condition()
+        self._reading = 0  # how often the clock was moved
+        self._read: dict[object, int] = {}  # a deadline waiting on the clock → the reading it last saw
 
     def now(self) -> float:
         return self.t
 
     async def _until(self, at: float) -> None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.t >= at)
+        token = object()
+        self._read[token] = self._reading
+
+        def due() -> bool:
+            self._read[token] = self._reading
+            return self.t >= at
+
+        try:
+            async with self._changed:
+                await self._changed.wait_for(due)
+        finally:
+            del self._read[token]
+
+    async def settled(self) -> None:
+        """Every deadline waiting on the clock has looked at its latest reading (and so fired, if
+        it was due): after an advance that reached none, nothing is left to happen."""
+        # a turn of the loop at a time for the waiters to look: a condition polled, no time waited
+        while any(seen < self._reading for seen in self._read.values()):  # noqa: ASYNC110
+            await asyncio.sleep(0)
 
     async def get(self, queue: asyncio.Queue[T], within: float) -> T | None:
         if not queue.empty():
@@ -75,6 +94,7 @@ class HandClock(PeriodClock):
     async def advance(self, seconds: float) -> None:
         async with self._changed:
             self.t += seconds
+            self._reading += 1
             self._changed.notify_all()
 
 
