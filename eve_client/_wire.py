@@ -9,7 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Malformed", "Transport", "load", "mapping", "number", "text"]
+from ._model import QuestionOption
+
+__all__ = ["Malformed", "Transport", "load", "mapping", "number", "options", "text"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +62,11 @@ def number(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return int(value)
+
+
+def options(listed: Any) -> tuple[QuestionOption, ...]:
+    """A question's options (``[{id, label?}]``, both wires); a non-list or a bad entry is no
+    option, never an error (F6)."""
+    return tuple(QuestionOption(str(o["id"]), str(o.get("label") or o["id"]))
+                 for o in (listed if isinstance(listed, list) else [])
+                 if isinstance(o, Mapping) and isinstance(o.get("id"), str))

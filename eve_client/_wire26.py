@@ -17,7 +17,6 @@ from ._model import (
     Position,
     Question,
     QuestionOpened,
-    QuestionOption,
     QuestionSettled,
     RunBegan,
     RunEnded,
@@ -33,7 +32,7 @@ from ._model import (
     Usage,
     UsageRecorded,
 )
-from ._wire import Malformed, load, mapping, number, text
+from ._wire import Malformed, load, mapping, number, options, text
 
 __all__ = ["Reader26"]
 
@@ -44,14 +43,9 @@ def _question(raw: Mapping[str, Any]) -> Question | None:
     request_id = raw.get("requestId")
     if not isinstance(request_id, str):
         return None
-    listed = raw.get("options")
-    options = tuple(
-        QuestionOption(str(o["id"]), str(o.get("label") or o["id"]))
-        for o in (listed if isinstance(listed, list) else [])  # a non-list must not raise (F6)
-        if isinstance(o, Mapping) and isinstance(o.get("id"), str)
-    )
     kind = {"tool-approval": "approval", "session-limit": "budget"}.get(str(raw.get("kind")), str(raw.get("kind") or "question"))
-    return Question(request_id, kind, str(raw.get("prompt") or ""), options, bool(raw.get("allowFreeform")))
+    return Question(request_id, kind, str(raw.get("prompt") or ""), options(raw.get("options")),
+                    bool(raw.get("allowFreeform")))
 
 
 class Reader26:

@@ -26,7 +26,6 @@ from ._model import (
     Position,
     Question,
     QuestionOpened,
-    QuestionOption,
     QuestionSettled,
     RunBegan,
     RunEnded,
@@ -42,7 +41,7 @@ from ._model import (
     Usage,
     UsageRecorded,
 )
-from ._wire import Malformed, Transport, load, mapping, number, text
+from ._wire import Malformed, Transport, load, mapping, number, options, text
 
 __all__ = ["Reader27"]
 
@@ -59,14 +58,9 @@ def _question(data: Mapping[str, Any]) -> Question | None:
     if interaction is None:
         return None
     request = mapping(data.get("request"))
-    listed = request.get("options")
-    options = tuple(
-        QuestionOption(str(o["id"]), str(o.get("label") or o["id"]))
-        for o in (listed if isinstance(listed, list) else [])
-        if isinstance(o, Mapping) and isinstance(o.get("id"), str)
-    )
     link = next((v for k in ("url", "link", "authorizationUrl", "signInUrl") if (v := _str(request.get(k)))), None)
-    return Question(interaction, str(request.get("kind") or "question"), text(request, "prompt"), options,
+    return Question(interaction, str(request.get("kind") or "question"), text(request, "prompt"),
+                    options(request.get("options")),
                     bool(request.get("allowFreeform")), link)
 
 
