@@ -177,10 +177,16 @@ class QuestionOption:
     label: str
 
 
+# What a turn may wait on a person for (eve 1.x's interaction kinds; 0.80's input kinds mapped to
+# them by its reader): ``budget`` is eve's session-usage guardrail (``limits.sessionUsage``).
+KNOWN_QUESTIONS = frozenset({"approval", "question", "budget", "sign-in"})
+
+
 @dataclass(frozen=True, slots=True)
 class Question:
     """Something the turn waits on a person for: an approval, a question, a budget prompt, a
-    sign-in (``kind`` as eve says it; ``link`` where eve gives one)."""
+    sign-in (``kind`` as eve says it; ``link`` where eve gives one; a sign-in's device ``code``
+    and the ``provider`` it signs in to)."""
 
     id: str
     kind: str
@@ -188,6 +194,13 @@ class Question:
     options: tuple[QuestionOption, ...] = ()
     allow_freeform: bool = False
     link: str | None = None
+    code: str | None = None
+    provider: str | None = None
+
+    @property
+    def known(self) -> bool:
+        """A kind Iva knows how to show (V6): anything else is said and the turn stopped."""
+        return self.kind in KNOWN_QUESTIONS
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,10 +58,16 @@ def _question(data: Mapping[str, Any]) -> Question | None:
     if interaction is None:
         return None
     request = mapping(data.get("request"))
-    link = next((v for k in ("url", "link", "authorizationUrl", "signInUrl") if (v := _str(request.get(k)))), None)
-    return Question(interaction, str(request.get("kind") or "question"), text(request, "prompt"),
+    # A sign-in's challenge is ``request.signIn`` (url, userCode, instructions, displayName: eve's
+    # docs, connections/index.mdx); the flat names are read too, in case a channel flattens it.
+    sign_in = mapping(request.get("signIn"))
+    link = next((v for k in ("url", "link", "authorizationUrl", "signInUrl")
+                 for where in (sign_in, request) if (v := _str(where.get(k)))), None)
+    prompt = text(request, "prompt") or text(sign_in, "instructions")
+    return Question(interaction, str(request.get("kind") or "question"), prompt,
                     options(request.get("options")),
-                    bool(request.get("allowFreeform")), link)
+                    bool(request.get("allowFreeform")), link,
+                    code=_str(sign_in.get("userCode")), provider=_str(sign_in.get("displayName")))
 
 
 class Reader27:

@@ -27,9 +27,10 @@ from ..people import People
 from ..storage.payloads import PushedTurn, Queued, QueuedMessage, decode
 from ..storage.store import Chat
 
-__all__ = ["EVERYONE", "answerable", "askers", "may_answer", "pushed_question", "running"]
+__all__ = ["EVERYONE", "OWNERS", "answerable", "askers", "may_answer", "pushed_question", "running"]
 
 EVERYONE = 0  # no Telegram user has the id 0: "anyone who may talk in the chat"
+OWNERS = -1  # no Telegram user has a negative id: "the owners alone" (a budget prompt, V6)
 
 
 def askers(items: Sequence[Queued], chat_id: int) -> list[int]:
@@ -42,7 +43,7 @@ def askers(items: Sequence[Queued], chat_id: int) -> list[int]:
 
 def may_answer(asked: Collection[int], user: int) -> bool:
     """``user`` is one of ``asked`` (an owner may answer besides: the caller asks that)."""
-    return user != EVERYONE and (user in asked or EVERYONE in asked)
+    return user > 0 and (user in asked or EVERYONE in asked)
 
 
 async def running(queue: DiskQueue, chat: Chat) -> list[int]:

@@ -303,8 +303,11 @@ class Ingest:
                 note = t("input_closed", lang)
                 return "refused"
             user = query.from_user.id
-            if not await self.s.people.is_owner(user) and not askers.may_answer(json.loads(prompt["askers"] or "[]"), user) \
-                    and prompt["chat_id"] is not None:
+            asked = json.loads(prompt["askers"] or "[]")
+            # a prompt shown in several chats (a budget prompt in the owners' private chats) has
+            # no chat of its own, and its askers say who may press it (V6)
+            if not await self.s.people.is_owner(user) and not askers.may_answer(asked, user) \
+                    and (prompt["chat_id"] is not None or askers.OWNERS in asked):
                 note = t("input_not_yours", lang)
                 return "refused"
             if prompt["state"] != "open":

@@ -624,7 +624,7 @@ class Store:
         )
 
     async def add_prompt(self, address: str, session: str, request_id: str, options: list[str], *,
-                         chat_id: int, askers: list[int]) -> int:
+                         chat_id: int | None, askers: list[int]) -> int:
         rows = await self.db.fetchall(
             "INSERT INTO prompts (address, session, request_id, options, chat_id, askers, created_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?) "
@@ -636,6 +636,12 @@ class Store:
 
     async def prompt(self, prompt_id: int) -> sqlite3.Row | None:
         return await self.db.fetchone("SELECT * FROM prompts WHERE id = ?", (prompt_id,))
+
+    async def owners_prompt_open(self, session: str) -> bool:
+        """A prompt only the owners may answer (a budget prompt, V6) is open in the session."""
+        row = await self.db.fetchone("SELECT 1 FROM prompts WHERE session = ? AND state = 'open' AND askers = ?",
+                                     (session, "[-1]"))
+        return row is not None
 
     async def close_prompts(self, session: str, request_ids: tuple[str, ...] | None = None) -> None:
         if request_ids is None:

@@ -82,11 +82,13 @@ _GONE_MARKERS = ("chat not found", "bot was kicked", "user is deactivated", "mes
 
 
 def _keyboard(rows: Sequence[Sequence[Mapping[str, str]]] | None) -> InlineKeyboardMarkup | None:
-    """An outbox row's markup (JSON: ``[[{"text", "callback_data"}]]``) as Telegram's keyboard."""
+    """An outbox row's markup (JSON: ``[[{"text", "callback_data" | "url"}]]``) as Telegram's
+    keyboard (a link button opens its ``url``: a sign-in, V6)."""
     if not rows:
         return None
     return InlineKeyboardMarkup(inline_keyboard=[
-        [InlineKeyboardButton(text=b["text"], callback_data=b["callback_data"]) for b in row]
+        [InlineKeyboardButton(text=b["text"], url=b["url"]) if "url" in b else
+         InlineKeyboardButton(text=b["text"], callback_data=b["callback_data"]) for b in row]
         for row in rows
     ])
 

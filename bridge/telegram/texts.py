@@ -173,6 +173,39 @@ _TEXTS: dict[str, dict[Lang, str]] = {
     },
     "input_needed": {"en": "I need your answer to go on.", "ru": "Чтобы продолжить, мне нужен ваш ответ."},
     "input_closed": {"en": "This question is closed.", "ru": "Этот вопрос уже закрыт."},
+    "budget_prompt": {
+        "en": ("The assistant has used up its usage budget for this conversation (a guardrail of the "
+               "agent's). Let it go on?"),
+        "ru": "Ассистент израсходовал лимит использования в этом разговоре (защита агента). Продолжить?",
+    },
+    "budget_prompt_for": {
+        "en": ("The assistant has used up its usage budget in the chat {chat} (a guardrail of the agent's). "
+               "Let it go on?"),
+        "ru": "Ассистент израсходовал лимит использования в чате {chat} (защита агента). Продолжить?",
+    },
+    "budget_continue": {"en": "Continue", "ru": "Продолжить"},
+    "budget_stop": {"en": "Stop", "ru": "Остановить"},
+    "budget_waiting_owner": {
+        "en": "The assistant has used up its usage budget; I asked the owner whether it may go on.",
+        "ru": "Ассистент израсходовал лимит использования; я спросил владельца, можно ли продолжать.",
+    },
+    "budget_given_up": {
+        "en": ("Nobody allowed the assistant more usage in time, so this message was not answered. "
+               "Ask the bot's owner to continue it."),
+        "ru": ("Никто вовремя не разрешил ассистенту продолжить, поэтому на это сообщение нет ответа. "
+               "Попросите владельца бота разрешить."),
+    },
+    "budget_stopped": {
+        "en": "The owner stopped the assistant here: its usage budget is spent. This message was not answered.",
+        "ru": "Владелец остановил ассистента: лимит использования исчерпан. На это сообщение нет ответа.",
+    },
+    "sign_in_needed": {"en": "The assistant needs you to sign in to go on.",
+                       "ru": "Чтобы продолжить, ассистенту нужно, чтобы вы вошли в аккаунт."},
+    "sign_in_button": {"en": "Sign in", "ru": "Войти"},
+    "input_unknown_kind": {
+        "en": "The assistant asked for something I cannot show here ({kind}), so I stopped this answer.",
+        "ru": "Ассистент попросил то, что я не умею здесь показать ({kind}), поэтому я остановил этот ответ.",
+    },
     "input_not_yours": {"en": "This question is for the person who asked.",
                         "ru": "Этот вопрос — для того, кто спрашивал."},
     "state_quarantined": {

@@ -341,7 +341,8 @@ class Projection:
             self._line(at, _fact("interaction.opened", {"interactionId": interaction, "request": {
                 "allowFreeform": bool(req.get("allowFreeform", kind == "question")),
                 "display": "select" if kind == "question" else "confirmation", "kind": kind,
-                "options": options, "prompt": req.get("prompt", "")}, "subject": subject}, self._turn_scope()))
+                "options": options, "prompt": req.get("prompt", ""),
+                **({"signIn": req["signIn"]} if "signIn" in req else {})}, "subject": subject}, self._turn_scope()))
 
     def _on_turn_waiting(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
         waiting = [self._delivery_settled(d, "awaiting-input", turnId=self._turn)
@@ -1334,11 +1335,21 @@ class FakeEve:
                         await self._emit(s, "actions.requested", {"actions": [{
                             "callId": f"call_{seq}", "input": {}, "kind": "tool-call", "toolName": "ask_question"}],
                             "stepIndex": step, **turn}, deliveries)
-                    await self._emit(s, "input.requested", {"requests": [{
-                        "requestId": request_id, "kind": "question", "prompt": prompt, "allowFreeform": True,
+                    # [[askkind=K]]: another kind of pause (budget: eve's session-limit prompt with
+                    # continue/stop; sign-in with [[signin=URL]]; anything else: a kind Iva does not know)
+                    kind = marks.get("askkind") or "question"
+                    request: dict[str, Any] = {
+                        "requestId": request_id, "kind": kind, "prompt": prompt, "allowFreeform": kind == "question",
                         "options": [{"id": o, "label": o.title()} for o in options],
                         "action": {"callId": f"call_{seq}", "input": {}, "kind": "tool-call", "toolName": "ask_question"},
-                    }], **turn}, deliveries)
+                    }
+                    if kind == "session-limit":
+                        request["options"] = [{"id": "continue", "label": "Approve"}, {"id": "stop", "label": "Stop"}]
+                        request.pop("action")
+                    if "signin" in marks:
+                        request["signIn"] = {"url": marks["signin"], "displayName": "Example"}
+                        request["options"] = []
+                    await self._emit(s, "input.requested", {"requests": [request], **turn}, deliveries)
                     await self._emit(s, "turn.waiting", {"on": "input", **turn}, deliveries)
                     s.asking = True
                     try:
@@ -1362,8 +1373,12 @@ class FakeEve:
                     else:
                         response = {k: v for k, v in value[0].items() if k != "requestId"}
                     await self._emit(s, "input.resolved", {"resolutions": [{
-                        "requestId": request_id, "kind": "question", "outcome": "answered", "response": response}],
+                        "requestId": request_id, "kind": kind, "outcome": "answered", "response": response}],
                         **turn}, deliveries)
+                    if kind == "session-limit" and response.get("optionId") in ("stop", "deny"):
+                        # the owner's Stop: eve cancels the turn, no model call (PROTOCOL-27.md §9)
+                        await self._emit(s, "turn.cancelled", turn, deliveries)
+                        return
                     step += 1
                     await self._emit(s, "step.started", {"modelId": "fake/fake-model", "stepIndex": step, **turn},
                                      deliveries)

@@ -57,8 +57,9 @@ async def adopt(p: Period, deliveries: Sequence[str]) -> list[str]:
     return unknown
 
 
-async def steer(p: Period, chat: Chat) -> Steered | Ended | None:
-    """Claim what waits and give it to the running turn. None: nothing went."""
+async def steer(p: Period, chat: Chat, *, answers_only: bool = False) -> Steered | Ended | None:
+    """Claim what waits and give it to the running turn. None: nothing went. ``answers_only``:
+    the button answers go, messages wait for the next turn (a budget prompt is open, V6)."""
     s, claim = p.s, p.owned()
     claimed = await s.transitions.claim_steer(p.address, claim, limit=s.settings.batch_size)
     if claimed is None:
@@ -70,6 +71,9 @@ async def steer(p: Period, chat: Chat) -> Steered | Ended | None:
     rows = list(claimed.messages)
     answers = [m for m in rows if isinstance(decode(m.payload), InputAnswer)]
     messages = [m for m in rows if m not in answers]
+    if answers_only and messages:
+        await s.transitions.steer_returned(p.address, claim, [m.id for m in messages])
+        messages = []
     taken = 0
     if answers:
         ids = [m.id for m in answers]

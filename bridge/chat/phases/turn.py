@@ -66,11 +66,15 @@ class TurnPhase(Phase):
         self.cancel_failures = 0
         self.cancel_retry: asyncio.TimerHandle | None = None
         self.answerable = True  # F11: someone present may answer the open question (else: the busy timeout)
+        self.budget = False  # V6: a budget prompt of this turn is open (owners only; a bounded wait)
+        self.budget_asked = False  # one was asked in this turn (a cancel after it: the owner's Stop)
 
     async def enter(self) -> None:
         p, chat = self.p, self.chat
         if self.stage is Stage.ASKING:  # F11: after a restart, as when it was asked
             self.answerable = await askers.answerable(p.s.people, await askers.running(p.s.queue, chat))
+            self.budget = self.budget_asked = await p.s.store.owners_prompt_open(p.session)
+            self.answerable = self.answerable and not self.budget
         p.typing = Typing(p.s.sender.bot, chat.chat_id, chat.thread_id, ttl=p.s.settings.busy_timeout)
         p.typing.start()
         if p.s.settings.streaming == "draft" and chat.chat_id > 0:  # drafts: private chats only
@@ -105,6 +109,17 @@ class TurnPhase(Phase):
             logger.info("unrecorded_send_not_at_eve")
             await self.p.s.transitions.give_back(self.p.address, self.p.owned())
             return Ended()
+        if why == "busy" and self.budget and not self.stop:
+            # V6: nobody allowed more usage in time. The turn is stopped, the person told in one
+            # line; eve keeps the session over budget, so the next message meets the prompt again.
+            logger.warning("budget_prompt_given_up", seconds=self.p.s.settings.busy_timeout)
+            chat = await self.p.s.transitions.want_stop(self.p.address)
+            if chat is not None:
+                async with self.p.s.store.db.transaction():
+                    await self.p.s.outbox.say(chat, f"budget-given-up:{self.p.owned()}", t("budget_given_up", chat.lang))
+                await self.p.s.outbox.flush(self.p.address)
+            await self._stop()
+            return None
         if why == "steer":
             # eve began no turn with the unsure steer: it never had it (parking puts it back at
             # the head of the queue, for the next turn).
@@ -122,6 +137,11 @@ class TurnPhase(Phase):
         if self.stop:
             return None  # what arrives after a stop waits for the next turn, never joins this one
         asking = self.stage in (Stage.ASKING, Stage.ANSWERED)
+        if self.budget:
+            # V6: only an owner's button answers a budget prompt (a plain "Approve" in the chat
+            # would answer it at eve): what people write meanwhile waits for the next turn.
+            steered = await steer.steer(self.p, chat, answers_only=True)
+            return steered if isinstance(steered, Ended) else None
         if chat.kind is not Kind.TURN or not (asking or self.p.s.settings.turn_policy == "immediate"):
             return None
         if not asking and (self.pending is None or await steer.unsure(self.p)):
@@ -235,8 +255,22 @@ class TurnPhase(Phase):
                 await tr.in_turn_compacted(p.address, claim, p.cursor)
             case eve.QuestionOpened():
                 await self.reply.end_draft()
-                self.answerable = await prompts.show(p, chat, event, claim)
+                shown = await prompts.show(p, chat, event, claim)
                 self.asked.add(event.key)
+                if shown.unknown is not None:
+                    # V6: a kind Iva cannot show is said in one line and the turn stopped, never
+                    # a silent wait on something nobody sees.
+                    logger.warning("eve_question_kind_unknown", kind=shown.unknown)
+                    if await tr.want_stop(p.address) is not None:
+                        async with s.store.db.transaction():
+                            await s.outbox.say(chat, f"unknown-kind:{event.key}",
+                                               t("input_unknown_kind", chat.lang, kind=shown.unknown[:40]))
+                        await s.outbox.flush(p.address)
+                    await self._stop()
+                    return None
+                self.answerable = shown.answerable
+                self.budget = shown.budget
+                self.budget_asked |= shown.budget
             case eve.TurnPaused():
                 # T5: the turn cannot end until the person answers; their next message goes at once.
                 self.stage = Stage.ASKING
@@ -248,6 +282,7 @@ class TurnPhase(Phase):
                     p.slot.give_back()  # F5: other chats' turns go on meanwhile
             case eve.QuestionSettled():
                 await s.store.close_prompts(p.session, event.ids)
+                self.budget = self.budget and await s.store.owners_prompt_open(p.session)
             case eve.TurnEnded(outcome="failed"):
                 code = event.code or "error"
                 logger.warning("eve_turn_failed", code=code, error=event.message[:300])
@@ -258,6 +293,13 @@ class TurnPhase(Phase):
                                        or t("turn_failed", chat.lang, reason=code))  # W4
                     await tr.advance(p.address, claim, p.cursor)
                     await p.spend.commit(s.store, p.address)
+                await s.outbox.flush(p.address)
+            case eve.TurnEnded(outcome="cancelled") if self.budget_asked and not self.stop:
+                # V6: an owner pressed Stop on the budget prompt: eve cancels the turn, and the
+                # person it was for hears why it ends without an answer.
+                async with s.store.db.transaction():
+                    await s.outbox.say(chat, f"budget-stopped:{event.key}", t("budget_stopped", chat.lang))
+                    await tr.advance(p.address, claim, p.cursor)
                 await s.outbox.flush(p.address)
         ended = isinstance(event, eve.TurnEnded)
         if self.stage in (Stage.ASKING, Stage.ANSWERED) and (isinstance(event, eve.RunBegan | eve.QuestionSettled)
