@@ -129,12 +129,19 @@ class Bridge:
             raise
 
     async def _learn_window(self, client: eve.EveClient, window: ContextWindow, services: Services) -> None:
-        if self.settings.context_window:
-            return
+        """eve's /info: the window (unless IVA_CONTEXT_WINDOW names it) and eve's version, kept
+        for ``iva status`` and ``iva sessions`` (V5, V8: which chats an upgrade stranded)."""
         failures = 0
         while True:
             try:
-                window.learn((await client.info()).context_window_tokens)
+                info = await client.info()
+                if info.eve_version:
+                    await services.store.set_meta("eve_version", info.eve_version)
+                    logger.info("eve_version_learned", version=info.eve_version,
+                                stream=eve.implied_stream_version(info.eve_version))
+                if self.settings.context_window:
+                    return
+                window.learn(info.context_window_tokens)
                 logger.info("eve_window_learned", window=window.tokens, threshold=services.threshold())
                 return
             except eve.EveRejected as exc:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import json
 import os
 import sqlite3
@@ -28,6 +30,7 @@ from .chat import parking
 from .config import DEFAULT_BUSY_TIMEOUT, ConfigError, Settings, state_dir_of
 from .notebook.service import salvage_notes
 from .people import pairing_note
+from .storage import stranded
 from .storage.store import SchemaMismatch, clear_dead, read_status
 from .telegram.sender import undecodable
 from .web.listener import OVERDUE_FACTOR
@@ -276,7 +279,13 @@ def _status(args: argparse.Namespace) -> int:
     note = pairing_note(path, os.environ)  # P1: no owner yet → a fresh link (the one write)
     storage = disk.full(path.parent)  # F2: the daemon waits on storage; say why
     if args.json:
-        print(json.dumps({**snapshot, "pairing": note, "storage": storage}, ensure_ascii=False, indent=2))
+        eve_seen: dict[str, Any] | None = None
+        with contextlib.suppress(sqlite3.Error, SchemaMismatch):
+            found = stranded.read(path)
+            eve_seen = {"version": found.eve_version, "stream_version": found.stream_version,
+                        "stranded": len(found.chats)}
+        print(json.dumps({**snapshot, "pairing": note, "storage": storage, "eve": eve_seen}, ensure_ascii=False,
+                         indent=2))
         return 0
     if note is not None:
         print(note, file=sys.stderr)  # beside the table, never in its lines
@@ -284,6 +293,9 @@ def _status(args: argparse.Namespace) -> int:
         print(f"STORAGE: {storage}")
     print(f"{path}: {snapshot['chats_known']} chats, {snapshot['busy_chats']} busy, "
           f"{snapshot['queued']} messages waiting, {snapshot['replies_pending']} replies pending")
+    with contextlib.suppress(sqlite3.Error, SchemaMismatch):
+        found = stranded.read(path)
+        print(_eve_line(found) + (" — `iva sessions` lists them" if found.chats else ""))
     _reminders(snapshot["reminders"])
     if not snapshot["chats"]:
         print("nothing busy, waiting or failing")
@@ -310,6 +322,43 @@ def _status(args: argparse.Namespace) -> int:
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
     return 0
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    """``iva sessions``: the chats an eve upgrade stranded (V5), and ``--renew-stranded``."""
+    path = state_dir_of(args.state or os.environ.get("IVA_STATE_DIR") or os.environ.get("STATE_DIRECTORY")) \
+        / "iva.sqlite3"
+    if not path.exists():
+        print(f"iva sessions: no state database at {path} (set IVA_STATE_DIR or --state DIR)", file=sys.stderr)
+        return 1
+    try:
+        if args.renew_stranded:
+            moved, busy = stranded.renew(path)
+            print(f"{moved} chat(s) moved: each starts a new session at its next message, the person told once"
+                  + (f"; {busy} busy chat(s) meet it in their turn" if busy else ""))
+            return 0
+        found = stranded.read(path)
+    except (sqlite3.Error, SchemaMismatch, LookupError) as exc:
+        print(f"iva sessions: {one_line(str(exc))}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"eve_version": found.eve_version, "stream_version": found.stream_version,
+                          "stranded": [dataclasses.asdict(c) for c in found.chats]}, indent=2))
+        return 0
+    print(_eve_line(found))
+    for chat in found.chats:
+        print(f"stranded {chat.address}  session {chat.session}  built by eve {chat.built_by or '0.80.x'}"
+              + ("  (busy)" if chat.busy else ""))
+    if found.chats:
+        print("`iva sessions --renew-stranded` moves the idle ones now (docs/operating.md, \"Upgrading eve\")")
+    return 0
+
+
+def _eve_line(found: stranded.Stranded) -> str:
+    if found.eve_version is None:
+        return "eve: not seen yet by the bridge (or its token cannot read /info)"
+    return (f"eve {found.eve_version} (stream version {found.stream_version or '?'}, as the bridge last saw it); "
+            f"{len(found.chats)} chat(s) on a session another eve built (stranded)")
 
 
 def _reminders(reminders: dict[str, Any]) -> None:
@@ -347,6 +396,14 @@ def main(argv: list[str] | None = None) -> int:
                         "on them: IVA_EVE_SEND_ATTEMPTS or IVA_EVE_SEND_MAX_AGE)")
     status.add_argument("--clear-dead", action="store_true", help="forget the messages given up on, and their "
                         "warning (the one write beside a running daemon, with a pairing link's)")
+    sessions = sub.add_parser("sessions", help="the chats whose eve session an eve upgrade stranded (another "
+                              "eve built it); --renew-stranded moves them to new sessions now")
+    sessions.add_argument("--state", metavar="DIR", help="the state directory (default: IVA_STATE_DIR, "
+                          "$STATE_DIRECTORY, ./var)")
+    sessions.add_argument("--renew-stranded", action="store_true", help="every idle chat on a stranded session "
+                          "starts a new one at its next message (the person told once); safe beside a running "
+                          "bridge")
+    sessions.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     restore = sub.add_parser("restore-notes", help="bring the notebooks back from a moved-aside (quarantined) "
                              "state database: every note that reads cleanly, never over a newer one")
     restore.add_argument("file", metavar="FILE", help="the quarantined file (iva.sqlite3.quarantined-…)")
@@ -357,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         return _status(args)
     if args.command == "restore-notes":
         return _restore_notes(args)
+    if args.command == "sessions":
+        return _sessions(args)
 
     try:
         settings = Settings.from_env()

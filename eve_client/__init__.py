@@ -55,7 +55,15 @@ from ._model import (
     Usage,
     UsageRecorded,
 )
-from ._models import Accepted, AgentInfo, Answer, Delivery, Health, StreamPage
+from ._models import (
+    Accepted,
+    AgentInfo,
+    Answer,
+    Delivery,
+    Health,
+    StreamPage,
+    implied_stream_version,
+)
 from ._retry import RetryPolicy
 from ._wire import Malformed, Transport
 
@@ -114,5 +122,6 @@ __all__ = [  # noqa: RUF022 (plain sorted, as tests/unit/test_config_and_render.
     "Usage",
     "UsageRecorded",
     "file_part",
+    "implied_stream_version",
     "parse_lines",
 ]

@@ -28,7 +28,7 @@ from ..metrics import METRICS
 from ..storage.payloads import Kind
 from ..storage.store import Chat
 from . import endings
-from .endings import Outcome
+from .endings import Outcome, gone
 from .phases.base import (
     POKE,
     CompactAnswer,
@@ -126,8 +126,8 @@ class BusyPeriod:
                 return await self.phase.on_answer(item)
             case StreamEnded():
                 return Ended(self.phase.lost("eve closed the session stream"))
-            case ReaderFailed(error=eve.SessionGone() as gone):
-                return Ended(self.phase.lost(str(gone)))
+            case ReaderFailed(error=eve.SessionGone() as lost):
+                return Ended(gone(self.phase.lost(str(lost)), lost))
             case ReaderFailed(error=eve.EveError() as error):
                 METRICS.eve_errors.labels(kind="stream").inc()
                 raise error  # the worker waits and starts over from the cursor

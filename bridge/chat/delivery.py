@@ -72,15 +72,8 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
                 if attempt == 2 or policy == "steer":
                     raise Lost(str(exc)) from exc
                 logger.warning("eve_session_replaced", reason=str(exc))
-                async with s.store.db.transaction():
-                    chat = await s.store.chat(address)
-                    await s.transitions.session_dropped(address, claim)
-                    if isinstance(exc, eve.SessionStranded) and chat is not None:
-                        # V5: eve was upgraded under the session; said once (keyed on the old
-                        # session), before the answer the new session gives
-                        await s.outbox.say(chat, f"upgraded:{session}", t("eve_upgraded", chat.lang))
-                if isinstance(exc, eve.SessionStranded):
-                    await s.outbox.flush(address)
+                # V5: a session another eve built (an upgrade) — the new one tells the person
+                await s.transitions.session_dropped(address, claim, upgraded=isinstance(exc, eve.SessionStranded))
                 continue
             # The one-shot marks (N6) once the block is with eve: a crash before this shows it again.
             await s.transitions.delivered(address, claim, delivery.delivery_id, marks, steered=steered,
@@ -140,9 +133,16 @@ async def _ensure_session(s: Services, address: str, claim: str) -> str:
     if chat.eve_session:
         return chat.eve_session
     session = await s.eve.create_session()
-    await s.transitions.session_opened(address, claim, session)
+    async with s.store.db.transaction():
+        was = await s.transitions.session_opened(address, claim, session, eve_version=s.eve.eve_version)
+        if was.upgraded_from is not None:
+            # V5: eve was upgraded under the chat's last session: said once (keyed on that
+            # session), before the answer the new session gives
+            await s.outbox.say(was, f"upgraded:{was.upgraded_from}", t("eve_upgraded", was.lang))
+    if was.upgraded_from is not None:
+        await s.outbox.flush(address)
     structlog.contextvars.bind_contextvars(session=session)
-    logger.info("eve_session_created", session=session)
+    logger.info("eve_session_created", session=session, eve=s.eve.eve_version)
     return session
 
 

@@ -4,7 +4,9 @@ person hears (R2, R3)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import eve_client as eve
 
 from .. import log
 from ..metrics import METRICS
@@ -13,7 +15,7 @@ from ..storage.payloads import Kind, Origin, QueuedMessage, decode
 from ..telegram.texts import t
 from .services import Services
 
-__all__ = ["NotHeard", "Outcome", "Refused", "SessionLost", "end", "say_unheard"]
+__all__ = ["NotHeard", "Outcome", "Refused", "SessionLost", "end", "gone", "say_unheard"]
 
 logger = log.get("bridge.chat")
 
@@ -21,10 +23,12 @@ logger = log.get("bridge.chat")
 @dataclass(frozen=True, slots=True)
 class SessionLost:
     """The session is gone, stranded or stuck (R2, R3). ``answered``: eve had ended the turn and
-    every message of it was answered (only eve's idle after it never came)."""
+    every message of it was answered (only eve's idle after it never came). ``upgraded``: eve
+    was upgraded under it (its session stranded, or its stream now of another version, V5)."""
 
     reason: str
     answered: bool = False
+    upgraded: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +49,13 @@ class NotHeard:
 
 
 Outcome = SessionLost | Refused | NotHeard
+
+
+def gone(outcome: Outcome, error: BaseException) -> Outcome:
+    """The outcome of a session lost to ``error``: an eve upgrade's says so (V5)."""
+    if isinstance(outcome, SessionLost) and isinstance(error, eve.StreamVersionChanged | eve.SessionStranded):
+        return replace(outcome, upgraded=True)
+    return outcome
 
 
 async def end(s: Services, address: str, claim: str | None, outcome: Outcome) -> None:
@@ -91,14 +102,19 @@ async def end(s: Services, address: str, claim: str | None, outcome: Outcome) ->
 async def _lost(s: Services, address: str, claim: str | None, outcome: SessionLost) -> None:
     answered = outcome.answered
     async with s.store.db.transaction():
-        chat, inflight = await s.transitions.session_lost(address, claim)
+        # V5: an upgrade is told once — by the next new session (a compaction, a pushed turn's
+        # own line), or here, in the one line of a person's turn it cut
+        chat, inflight = await s.transitions.session_lost(address, claim, upgraded=outcome.upgraded)
         replied = [m for m in map(decode, (m.payload for m in inflight)) if isinstance(m, QueuedMessage)]
         line = None if answered else await failed_line(s.queue, chat, inflight, t("pushed_lost_reason", chat.lang))
         if line is not None:
             await s.outbox.say(chat, f"lost:{chat.claim}", line)
         elif chat.kind is Kind.TURN and inflight:
-            await s.outbox.say(chat, f"lost:{chat.claim}",
-                               t("session_lost_after_answer" if answered else "session_lost", chat.lang),
+            lost = "session_lost_after_answer" if answered else "session_lost"
+            if outcome.upgraded:
+                lost = "eve_upgraded" if answered else "eve_upgraded_cut"
+                await s.transitions.upgrade_told(address)
+            await s.outbox.say(chat, f"lost:{chat.claim}", t(lost, chat.lang),
                                reply_to=replied[-1].message_id if replied else None)
         elif chat.origin is Origin.MANUAL and chat.kind is not Kind.TURN:
             await s.outbox.say(chat, f"compact-again:{chat.claim or chat.eve_session}",

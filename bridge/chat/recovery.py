@@ -17,7 +17,7 @@ from ..storage.store import Chat, CompactPhase
 from ..telegram.texts import t
 from .consumer import BusyPeriod, Inbox
 from .delivery import Lost, Unheard, send
-from .endings import NotHeard, Refused, SessionLost, end
+from .endings import NotHeard, Refused, SessionLost, end, gone
 from .services import Services, Slot
 
 __all__ = ["drive", "released_announced", "resume"]
@@ -48,7 +48,7 @@ async def resume(s: Services, inbox: Inbox, chat: Chat) -> None:
         try:
             page = await s.eve.read(chat.eve_session, chat.cursor)
         except eve.SessionGone as exc:
-            await end(s, chat.address, chat.claim, SessionLost(str(exc)))
+            await end(s, chat.address, chat.claim, gone(SessionLost(str(exc)), exc))
             return
         if not any(isinstance(e, eve.TurnBegan | eve.InputTaken) for e in page.events):
             # Claimed and marked busy, but the send never reached eve: send it now — unless eve
@@ -143,7 +143,7 @@ async def drive(s: Services, inbox: Inbox, address: str, claim: str,
             await s.transitions.send_failed(address, claim, [m.id for m in messages])
         raise
     except Lost as exc:
-        await end(s, address, claim, SessionLost(str(exc)))
+        await end(s, address, claim, gone(SessionLost(str(exc)), exc.__cause__ or exc))
         return
     except Unheard as exc:
         await end(s, address, claim, NotHeard(exc.items))
@@ -168,7 +168,7 @@ async def _resume_compaction(s: Services, inbox: Inbox, chat: Chat) -> None:
     try:
         page = await s.eve.read(chat.eve_session, chat.cursor)
     except eve.SessionGone as exc:
-        await end(s, chat.address, chat.claim, SessionLost(str(exc)))
+        await end(s, chat.address, chat.claim, gone(SessionLost(str(exc)), exc))
         return
     if any(_compaction_began(e) for e in page.events):
         await BusyPeriod(s, inbox, chat).run()

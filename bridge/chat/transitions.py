@@ -82,6 +82,7 @@ class Superseded(IllegalTransition):
 # A new eve session starts with nothing measured and nothing disabled: the one definition.
 FRESH_SESSION: Mapping[str, Any] = {
     "eve_session": None,
+    "session_eve": None,
     "cursor": START,
     "measurement": None,
     "compaction_disabled": False,
@@ -332,19 +333,23 @@ class _Turns(_Record):
 
     # -- inside a turn ---------------------------------------------------------------------
 
-    async def session_opened(self, address: str, claim: str, session: str) -> None:
-        """busy(turn) without a session → with this new one, read from its start."""
+    async def session_opened(self, address: str, claim: str, session: str, *, eve_version: str | None = None) -> Chat:
+        """busy(turn) without a session → with this new one, read from its start; ``eve_version``
+        built it (V5: another eve strands it). A session an upgrade left behind is forgotten here:
+        the caller tells the person in the same commit. The chat as it was."""
         async with self.store.db.transaction():
             chat = await self._owned(address, claim, ChatState.TURN)
             if chat.eve_session is not None:
                 raise IllegalTransition(f"{address} has a session already")
-            await self._write(address, eve_session=session, cursor=START)
+            await self._write(address, eve_session=session, cursor=START, session_eve=eve_version, upgraded_from=None)
+            return chat
 
-    async def session_dropped(self, address: str, claim: str) -> None:
-        """eve no longer knows the session: the turn goes on in a new one (all fresh)."""
+    async def session_dropped(self, address: str, claim: str, *, upgraded: bool = False) -> None:
+        """eve no longer knows the session: the turn goes on in a new one (all fresh).
+        ``upgraded``: an eve upgrade stranded it — the new session tells the person, once (V5)."""
         async with self.store.db.transaction():
             chat = await self._owned(address, claim, ChatState.TURN)
-            await self._write(address, _fresh(chat))
+            await self._write(address, _fresh(chat), upgraded_from=chat.eve_session if upgraded else chat.upgraded_from)
 
     async def delivered(self, address: str, claim: str, delivery_id: str | None,
                         marks: Mapping[str, int] | None = None, *, steered: Sequence[int] = (),
@@ -493,14 +498,34 @@ class _TurnEnds(_Record):
             await self._write(address, _IDLE)
             return chat, inflight
 
-    async def session_lost(self, address: str, claim: str | None) -> tuple[Chat, list[Message]]:
+    async def session_lost(self, address: str, claim: str | None, *,
+                           upgraded: bool = False) -> tuple[Chat, list[Message]]:
         """any busy state or a released watch → idle with the session-reset mark (R2, R3): the
-        session is gone, stranded or stuck; the next message starts a new one."""
+        session is gone, stranded or stuck; the next message starts a new one. ``upgraded``: an
+        eve upgrade stranded it — the next new session tells the person so, once (V5)."""
         async with self.store.db.transaction():
             chat = await self._owned(address, claim, ChatState.TURN, ChatState.COMPACTING, ChatState.RELEASED)
             inflight = await self._ack_inflight(chat)
-            await self._write(address, _IDLE, _fresh(chat), reset_mark=True)
+            await self._write(address, _IDLE, _fresh(chat), reset_mark=True,
+                              upgraded_from=chat.eve_session if upgraded else chat.upgraded_from)
             return chat, inflight
+
+    async def upgrade_told(self, address: str) -> None:
+        """The person heard that an upgrade restarted the conversation (V5): not again."""
+        await self._write(address, upgraded_from=None)
+
+    async def stranded(self, address: str, session: str) -> bool:
+        """idle, on ``session`` → idle with the session-reset mark, the person to be told once
+        that the conversation starts afresh (V5: ``iva sessions --renew-stranded`` moves every
+        chat an eve upgrade stranded before its next message does). False when the chat is busy
+        or on another session by now (nothing changed)."""
+        async with self.store.db.transaction():
+            chat = await self.store.chat(address)
+            if chat is None or state_of(chat) is not ChatState.IDLE or chat.eve_session != session \
+                    or chat.reset_mark:
+                return False
+            await self._write(address, _fresh(chat), reset_mark=True, upgraded_from=session)
+            return True
 
     async def _ack_inflight(self, chat: Chat) -> list[Message]:
         """The turn's messages are done; any other in flight (a steer eve never confirmed, F4)

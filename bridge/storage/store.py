@@ -28,7 +28,7 @@ __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase",
            "Outgoing", "SchemaMismatch", "SchemaTooNew", "Store", "clear_dead", "mint_pairing_code", "owners_of",
            "people_meta", "read_status"]
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -275,6 +275,13 @@ _MIGRATIONS: dict[int, str] = {
     ALTER TABLE chats ADD COLUMN stream_version INTEGER NOT NULL DEFAULT 0;
     UPDATE chats SET stream_version = 26 WHERE cursor > 0
     """,
+    # V5: the eve version that built the chat's session (a session built by another eve is
+    # stranded after an upgrade), and the session an upgrade left behind, until the person is
+    # told once that the conversation starts afresh.
+    15: """
+    ALTER TABLE chats ADD COLUMN session_eve TEXT;
+    ALTER TABLE chats ADD COLUMN upgraded_from TEXT
+    """,
 }
 
 
@@ -342,6 +349,8 @@ class Chat:
     compact_lang: str | None = None
     after_report: bool = False
     stop_wanted: bool = False
+    session_eve: str | None = None
+    upgraded_from: str | None = None
 
     @property
     def busy(self) -> bool:
@@ -407,8 +416,8 @@ class Outgoing:
 
 _CHAT_COLUMNS = frozenset(
     {
-        "lang", "eve_session", "status", "kind", "origin", "cursor", "cursor_fact", "stream_version", "claim",
-        "deliveries",
+        "lang", "eve_session", "session_eve", "upgraded_from", "status", "kind", "origin", "cursor", "cursor_fact",
+        "stream_version", "claim", "deliveries",
         "busy_since", "progress_at", "measurement", "measured_at", "compaction_disabled",
         "reset_mark", "reset_requested", "reset_reply_to", "reset_dropped", "blocked",
         "blocked_reason", "turns", "chat_id", "thread_id", "compact_notified", "compact_before",
@@ -443,6 +452,10 @@ class OtherBot(BridgeError):
 class Store:
     def __init__(self, db: Database) -> None:
         self.db = db
+
+    async def set_meta(self, key: str, value: str) -> None:
+        await self.db.execute("INSERT INTO iva_meta (key, value) VALUES (?, ?) "
+                              "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
 
     async def claim_bot(self, bot_id: int) -> None:
         """The state is this bot's: written at the first start, checked at every one after

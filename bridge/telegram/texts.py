@@ -102,6 +102,12 @@ _TEXTS: dict[str, dict[Lang, str]] = {
                                       "moment, and then I answer what you sent meanwhile.",
                                 "ru": "Сейчас разговор сжимается, и это нельзя прервать на середине; это займёт немного "
                                       "времени, потом я отвечу на то, что вы прислали."},
+    "eve_upgraded_cut": {
+        "en": ("The assistant was upgraded while answering, so our conversation starts afresh (your notebook "
+               "came along). Please repeat your last request."),
+        "ru": ("Ассистента обновили, пока он отвечал, поэтому разговор начинается заново (блокнот сохранён). "
+               "Пожалуйста, повторите последний запрос."),
+    },
     "eve_upgraded": {"en": "The assistant was upgraded, so our conversation starts afresh (your notebook came along).",
                      "ru": "Ассистента обновили, поэтому разговор начинается заново (ваш блокнот сохранился)."},
     "status_eve": {"en": "eve: {version}, stream version {stream}", "ru": "eve: {version}, версия потока {stream}"},

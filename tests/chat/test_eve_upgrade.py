@@ -1,6 +1,9 @@
-"""An eve upgrade under Iva (SPEC V2, V5 in part; PROTOCOL-27.md §11), in process on the fake:
-an idle chat whose session eve stranded goes on in a new session, the person told once; a busy
-chat whose cursor was read on stream version 26 meets a 27 stream and is never applied to it."""
+"""An eve upgrade under Iva (SPEC V2, V5; PROTOCOL-27.md §11), in process on the fake: an idle
+chat whose session eve stranded goes on in a new session, the person told once; a busy chat whose
+cursor was read on stream version 26 meets a 27 stream and is never applied to it (the cut turn
+told in one line that says why); a compaction cut so is silent, and the next answer says it; the
+operator's ``iva sessions`` lists the stranded chats and moves them before their next message.
+On the real eves: tests/contract/test_contract_upgrade.py."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bridge.chat.transitions import ChatState, state_of
+from bridge.cli import main as iva
 from bridge.telegram.texts import t
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import FakeTelegram
@@ -53,10 +57,74 @@ async def test_a_cursor_read_on_26_is_never_applied_to_27(tmp_path: Path, tg: Fa
     await h.start()
     try:
         await tg.wait_texts(2, OWNER, timeout=30)
-        assert "repeat" in tg.texts()[1] and "echo: slow one" not in tg.texts()
+        assert tg.texts()[1] == t("eve_upgraded_cut", "en") and "echo: slow one" not in tg.texts()
         await tg.message("again", user_id=OWNER)
         await h.settled()
-        assert tg.texts()[2:] == ["echo: again"]
+        assert tg.texts()[2:] == ["echo: again"]  # told once: the new session says nothing more
         assert (await h.chat()).eve_session != old
+    finally:
+        await h.stop()
+
+
+@pytest.mark.eve_wire(26)
+async def test_a_compaction_cut_by_an_upgrade_is_told_by_the_next_answer(tmp_path: Path, tg: FakeTelegram,
+                                                                        fake_eve: FakeEve):
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_CONTEXT_WINDOW="128000")
+    await h.start()
+    fake_eve.summary_delay = 30
+    await tg.message("big [[tokens=120000]]", user_id=OWNER)
+    await h.until(lambda: any(s.compacting for s in fake_eve.sessions.values()), what="eve compacting")
+    await h.stop()
+    fake_eve.stream_version = 27  # eve upgraded while Iva was down
+    await h.start()
+    try:
+        await h.settled(30)
+        assert tg.texts() == ["echo: big"]  # an automatic compaction cut: nothing to say yet
+        await tg.message("after", user_id=OWNER)
+        await h.settled(30)
+        assert tg.texts()[1:] == [t("eve_upgraded", "en"), "echo: after"]
+        await tg.message("and again", user_id=OWNER)
+        await h.settled()
+        assert tg.texts()[3:] == ["echo: and again"]
+    finally:
+        await h.stop()
+
+
+async def test_iva_sessions_lists_the_stranded_chats_and_moves_them(tmp_path: Path, tg: FakeTelegram,
+                                                                   fake_eve: FakeEve, capsys: pytest.CaptureFixture[str]):
+    """V5, V8: the daemon records which eve built each session and which eve it talks to now; after
+    an upgrade `iva status` says how many chats are stranded, `iva sessions` lists them, and
+    `--renew-stranded` moves the idle ones: the next message starts a new session at once (no
+    send meets the 409 first) and the person is told once."""
+    state = tmp_path / "state"
+    h = Harness(state, tg, fake_eve)
+    await h.start()
+    await h.daemon_steps()  # eve's version learned
+    await tg.message("before", user_id=OWNER)
+    await h.settled()
+    old = (await h.chat()).eve_session
+    assert old is not None and (await h.chat()).session_eve == "1.0.1"
+    await h.stop()
+    fake_eve.eve_version = "1.0.2"  # any other eve strands a session (eve's docs: "Stranded sessions")
+    fake_eve.strand(old)
+    await h.start()
+    try:
+        await h.daemon_steps()
+        capsys.readouterr()
+        assert iva(["status", "--state", str(state)]) == 0
+        assert "eve 1.0.2 (stream version 27" in capsys.readouterr().out
+        assert iva(["sessions", "--state", str(state)]) == 0
+        listed = capsys.readouterr().out
+        assert f"stranded {OWNER}  session {old}  built by eve 1.0.1" in listed
+        assert iva(["sessions", "--state", str(state), "--renew-stranded"]) == 0
+        assert capsys.readouterr().out.startswith("1 chat(s) moved")
+        assert iva(["sessions", "--state", str(state)]) == 0
+        assert "stranded" not in capsys.readouterr().out.replace("(stranded)", "")
+        await tg.message("after", user_id=OWNER)
+        await h.settled()
+        assert tg.texts() == ["echo: before", t("eve_upgraded", "en"), "echo: after"]
+        assert [r for r in fake_eve.responses if r[2] == 409] == []  # never met the stranded session
+        chat = await h.chat()
+        assert chat.eve_session != old and chat.session_eve == "1.0.2" and chat.upgraded_from is None
     finally:
         await h.stop()

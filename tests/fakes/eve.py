@@ -533,6 +533,7 @@ class FakeEve:
         self.waiting_after_compaction = 0.0  # seconds between compaction.completed and session.waiting  # an eve whose cancel cannot end a turn waiting on input
         self.tamper: dict[str, dict[str, Any]] = {}  # event type → fields laid over its next emission (F6)
         self.unhealthy = False  # /eve/v1/health answers 503 (eve down behind a proxy)
+        self.eve_version: str | None = None  # what /info names (None: 1.0.1 on stream 27, 0.80.1 on 26)
         self.summary_delay = 0.0
         self.summary_fail = False
         self.step_delay = 0.0
@@ -679,7 +680,7 @@ class FakeEve:
             return denied
         connections = [{"connectionName": self.mcp_connection, "protocol": "mcp", "url": self.mcp_url,
                         "hasHeaders": False}] if self.mcp_url else []
-        eve_version = EVE_VERSION_27 if self.stream_version >= 27 else EVE_VERSION_26
+        eve_version = self.eve_version or (EVE_VERSION_27 if self.stream_version >= 27 else EVE_VERSION_26)
         return web.json_response({"agent": {"model": {"id": "fake/fake-model", "contextWindowTokens": self.window}},
                                   "connections": connections, "eveVersion": eve_version, "version": 5})
 

@@ -14,7 +14,7 @@ from ... import log
 from ...storage.payloads import InputAnswer, QueuedMessage, decode
 from ...storage.store import Chat
 from ..delivery import Lost, Unheard, send
-from ..endings import SessionLost, say_unheard
+from ..endings import SessionLost, gone, say_unheard
 from ..transitions import Settling, steer_claim
 from .base import Ended, Period
 
@@ -84,7 +84,7 @@ async def steer(p: Period, chat: Chat, *, answers_only: bool = False) -> Steered
             ])
         except eve.SessionGone as exc:
             await s.transitions.steer_returned(p.address, claim, ids)
-            return Ended(SessionLost(str(exc)))
+            return Ended(gone(SessionLost(str(exc)), exc))
         except eve.EveError as exc:
             logger.warning("eve_input_response_failed", error=str(exc))
             await s.transitions.steer_returned(p.address, claim, ids)
@@ -101,7 +101,7 @@ async def steer(p: Period, chat: Chat, *, answers_only: bool = False) -> Steered
     try:
         delivery = await send(s, p.address, claim, items, policy="steer", steered=ids, steer_claim=steer_claim(claim))
     except Lost as exc:
-        return Ended(SessionLost(str(exc)))
+        return Ended(gone(SessionLost(str(exc)), exc.__cause__ or exc))
     except Unheard as exc:
         # Recordings without a transcript, and nothing else: each sender is told, the turn goes on.
         async with s.store.db.transaction():
