@@ -177,9 +177,9 @@ class EveClient:
         return response
 
     async def _call(
-        self, method: str, path: str, *, route: str, json: Any = None, idempotent: bool = True
+        self, method: str, path: str, *, route: str, json: Any = None, idempotent: bool = True, keyed: bool = False
     ) -> tuple[httpx.Response, dict[str, Any]]:
-        async for attempt in self._retry.retrying(idempotent=idempotent):
+        async for attempt in self._retry.retrying(idempotent=idempotent, keyed=keyed):
             with attempt:
                 response = await self._once(method, path, route, json)
         try:
@@ -250,6 +250,12 @@ class EveClient:
         return self._version or STREAM_VERSIONS[-1]
 
     @property
+    def dedupes_sends(self) -> bool:
+        """eve answers a send with a key it has seen with the first delivery (eve 1.x, V4): an
+        ambiguous send is sent again instead of looked for in the stream (F4, eve 0.80)."""
+        return self._wire() >= 27
+
+    @property
     def unsupported(self) -> UnsupportedStream | None:
         """The error of the last stream eve served in a version this client cannot read (V1);
         None once eve speaks one it reads again."""
@@ -301,11 +307,14 @@ class EveClient:
             payload["turnPolicy"] = turn_policy
         if client_context is not None:
             payload["clientContext"] = client_context
-        if idempotency_key is not None and self._wire() >= 27:
+        keyed = idempotency_key is not None and self.dedupes_sends
+        if keyed:
+            assert idempotency_key is not None
             payload["idempotencyKey"] = idempotency_key[:256]
+        # V4: a keyed send whose answer was lost is simply sent again: eve answers it once
         _, body = await self._call(
             "POST", f"/eve/v1/session/{self._sid(session_id)}", route="send", json=payload,
-            idempotent=False,
+            idempotent=False, keyed=keyed,
         )
         delivery = body.get("deliveryId")
         return Delivery(session_id=session_id, delivery_id=delivery if isinstance(delivery, str) else None)

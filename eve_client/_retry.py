@@ -7,13 +7,14 @@ from dataclasses import dataclass
 
 from tenacity import (
     AsyncRetrying,
+    retry_if_exception,
     retry_if_exception_type,
     stop_after_attempt,
     stop_after_delay,
     wait_exponential_jitter,
 )
 
-from ._errors import EveConnectError, EveTransportError, SessionNotReady
+from ._errors import EveConnectError, EveServerError, EveTransportError, SessionNotReady
 
 __all__ = ["RetryPolicy"]
 
@@ -40,8 +41,18 @@ class RetryPolicy:
         base = min(self.max_wait, self.initial_wait * factor)
         return base + random.uniform(0, self.jitter)
 
-    def retrying(self, *, idempotent: bool) -> AsyncRetrying:
-        """A tenacity controller; a non-idempotent route retries only what eve never saw."""
+    def retrying(self, *, idempotent: bool, keyed: bool = False) -> AsyncRetrying:
+        """A tenacity controller; a non-idempotent route retries only what eve never saw. A
+        ``keyed`` one (a send with an idempotency key, eve 1.x: eve answers the same key once,
+        V4) is sent again when its answer was lost — a dropped connection, a timeout, a proxy's
+        502/503/504 — but not on eve's own 500 about the message (counted by the caller, F6)."""
+        if keyed:
+            return AsyncRetrying(
+                stop=stop_after_attempt(self.attempts) | stop_after_delay(self.deadline),
+                wait=wait_exponential_jitter(multiplier=self.initial_wait, max=self.max_wait, jitter=self.jitter),
+                retry=retry_if_exception(_lost_answer),
+                reraise=True,
+            )
         retryable: tuple[type[BaseException], ...] = (
             (EveTransportError, SessionNotReady) if idempotent else (EveConnectError, SessionNotReady)
         )
@@ -51,3 +62,10 @@ class RetryPolicy:
             retry=retry_if_exception_type(retryable),
             reraise=True,
         )
+
+
+def _lost_answer(exc: BaseException) -> bool:
+    """The request may have reached eve and only its answer was lost (or eve never saw it)."""
+    if isinstance(exc, EveServerError):
+        return exc.status in (502, 503, 504)
+    return isinstance(exc, EveTransportError | SessionNotReady)

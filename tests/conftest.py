@@ -470,6 +470,8 @@ class Backend:
 
 
 REAL = pytest.mark.xdist_group("real_eve")  # every real-eve test on one worker: one eve, less load
+# the real-eve tests that start an eve of their own (an upgrade, a budget build): beside REAL's worker
+REAL_OWN = pytest.mark.xdist_group("real_eve_own")
 
 
 @pytest.fixture(params=["fake", *(pytest.param(f"real-{v}", marks=REAL) for v in EVE_VERSIONS)])

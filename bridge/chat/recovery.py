@@ -45,12 +45,17 @@ async def resume(s: Services, inbox: Inbox, chat: Chat) -> None:
         await end(s, chat.address, chat.claim, SessionLost(f"unknown busy kind {chat.kind!r}"))
         return
     if not chat.deliveries:
-        try:
-            page = await s.eve.read(chat.eve_session, chat.cursor)
-        except eve.SessionGone as exc:
-            await end(s, chat.address, chat.claim, gone(SessionLost(str(exc)), exc))
-            return
-        if not any(isinstance(e, eve.TurnBegan | eve.InputTaken) for e in page.events):
+        if s.eve.dedupes_sends:
+            # V4 (eve 1.x): the send is keyed by its messages; sent again, eve answers it once —
+            # with the first delivery if it had it (its turn then followed from the cursor).
+            page: eve.StreamPage | None = None
+        else:
+            try:
+                page = await s.eve.read(chat.eve_session, chat.cursor)
+            except eve.SessionGone as exc:
+                await end(s, chat.address, chat.claim, gone(SessionLost(str(exc)), exc))
+                return
+        if page is None or not any(isinstance(e, eve.TurnBegan | eve.InputTaken) for e in page.events):
             # Claimed and marked busy, but the send never reached eve: send it now — unless eve
             # has answered these messages with a server error as often as we try (F6): then
             # the person is told and the chat moves on, instead of one message blocking it.
@@ -75,7 +80,7 @@ async def resume(s: Services, inbox: Inbox, chat: Chat) -> None:
                 dead = f"eve failed on it {tried}x" + (f" over {round(age)}s" if tried < s.settings.send_attempts else "")
                 await end(s, chat.address, chat.claim, Refused(t("eve_server_error", chat.lang), dead=dead))
                 return
-            events = page.events
+            events = page.events if page is not None else []
             if events and (not isinstance(events[-1], eve.Idle) or any(_compaction_began(e) for e in events)):
                 # eve is running something, or just ran a compaction: a message it took meanwhile
                 # waits behind it and starts right after eve is idle (PROTOCOL.md §5).

@@ -510,22 +510,17 @@ class _TurnEnds(_Record):
                               upgraded_from=chat.eve_session if upgraded else chat.upgraded_from)
             return chat, inflight
 
+    async def built_by(self, address: str, claim: str, eve_version: str) -> None:
+        """The session's first event names the eve that built it (V5: what strands it later);
+        the guess made when it was created (eve's version as last seen) is corrected."""
+        async with self.store.db.transaction():
+            chat = await self._owned(address, claim, ChatState.TURN, ChatState.COMPACTING)
+            if chat.session_eve != eve_version:
+                await self._write(address, session_eve=eve_version)
+
     async def upgrade_told(self, address: str) -> None:
         """The person heard that an upgrade restarted the conversation (V5): not again."""
         await self._write(address, upgraded_from=None)
-
-    async def stranded(self, address: str, session: str) -> bool:
-        """idle, on ``session`` → idle with the session-reset mark, the person to be told once
-        that the conversation starts afresh (V5: ``iva sessions --renew-stranded`` moves every
-        chat an eve upgrade stranded before its next message does). False when the chat is busy
-        or on another session by now (nothing changed)."""
-        async with self.store.db.transaction():
-            chat = await self.store.chat(address)
-            if chat is None or state_of(chat) is not ChatState.IDLE or chat.eve_session != session \
-                    or chat.reset_mark:
-                return False
-            await self._write(address, _fresh(chat), reset_mark=True, upgraded_from=session)
-            return True
 
     async def _ack_inflight(self, chat: Chat) -> list[Message]:
         """The turn's messages are done; any other in flight (a steer eve never confirmed, F4)

@@ -632,6 +632,7 @@ async def test_a_file_of_unknown_size_is_held_to_the_cap_as_it_downloads(tmp_pat
         await h.stop()
 
 
+@pytest.mark.eve_wire(26)  # eve 1.x: sent again with its key (tests/chat/test_idempotent_sends.py)
 async def test_an_ambiguous_send_is_looked_up_in_the_stream_not_sent_again(harness: Harness, tg: FakeTelegram,
                                                                           fake_eve: FakeEve):
     """F4: eve took the message and ran it, but the answer was a 502: the turn is found in eve's

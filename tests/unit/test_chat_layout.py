@@ -22,7 +22,7 @@ STATE_FIELDS = (
     "compact_phase", "compact_cancel", "compact_notified", "after_pending", "after_report", "waiting_input",
     "owner_turn", "compact_failures", "compact_retry_at",
 )
-STORAGE = {"storage/store.py", "storage/pushes.py", "notebook/service.py"}  # the only bridge modules with SQL (and diskqueue)
+STORAGE = {"storage/store.py", "storage/pushes.py", "storage/stranded.py", "notebook/service.py"}  # the only bridge modules with SQL (and diskqueue)
 
 
 def _modules() -> dict[str, str]:

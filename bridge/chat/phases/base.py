@@ -228,6 +228,12 @@ async def apply(phase: Phase, event: eve.Event) -> Phase | Ended | None:
     p.cursor = event.after
     if isinstance(event, eve.SessionEnded):
         return Ended(phase.lost(f"session {event.outcome}"))
+    if isinstance(event, eve.SessionBegan) and event.eve_version:
+        # V5: which eve built the session, as the session itself says (eve may have been
+        # upgraded since Iva last asked); the newest eve seen is the one `iva status` names
+        await p.s.transitions.built_by(p.address, p.owned(), event.eve_version)
+        if p.s.eve.eve_version == event.eve_version:
+            await p.s.store.set_meta("eve_version", event.eve_version)
     try:
         return await phase.on_event(event)
     except BAD_EVENT:
