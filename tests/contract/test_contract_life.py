@@ -103,6 +103,31 @@ async def test_a_question_is_answered_by_button_or_by_text(tg, backend, daemon, 
         assert chosen.lower() in answers[0].lower()
 
 
+@pytest.mark.parametrize("press", ["Approve", "Deny"])
+async def test_an_approval_is_answered_by_button(tg, backend, daemon, press):
+    """V6: a tool that needs approval pauses the turn; the approval shows with its two buttons; a
+    press answers it (eve runs the tool, or tells the model it was denied) and the turn ends in
+    one answer."""
+    if backend.fake is not None:
+        marker = "[[ask=Approve Guarded?|approve|cancel]] [[askkind=tool-approval]]"
+    else:
+        marker = '[[call=guarded {"what": "x"}]]'
+    await tg.message(f"guarded job {marker}", user_id=OWNER)
+    await tg.wait_for(lambda: any(m.get("reply_markup") for m in tg.sent(OWNER)), 40, "the approval")
+    prompt = next(m for m in tg.sent(OWNER) if m.get("reply_markup"))
+    labels = [b["text"] for row in prompt["reply_markup"]["inline_keyboard"] for b in row]
+    assert labels in (["Approve", "Deny"], ["Approve", "Cancel"]), labels  # 0.80.1 says Cancel
+    await tg.press(prompt, labels[0] if press == "Approve" else labels[1], user_id=OWNER)
+    await tg.wait_for(lambda: len(tg.texts()) >= 2, 40, "the answer after the approval")
+    await tg.wait_for(lambda: daemon.chat(A)["status"] == "idle", 40, "idle")
+    await daemon.settled()
+    answers = tg.texts()[1:]
+    assert len(answers) == 1 and "failed" not in answers[0].lower(), answers
+    if backend.real is not None:  # the model got the tool's result, or the denial
+        result = json.dumps(backend.real.llm_requests()[-1])
+        assert ("denied" in result.lower()) == (press == "Deny"), result[-500:]
+
+
 async def test_a_restart_of_iva_mid_turn_answers_once(tg, backend, eve_in_process_factory):
     """R2/T7 on every eve: Iva stopped while eve runs a turn; started again, it reads the stream
     from the cursor and answers once, in the same session."""

@@ -141,3 +141,64 @@ async def test_an_eve_upgrade_answers_every_message_once_or_says_so(tmp_path: Pa
         assert asked and "trip" in json.dumps(asked[-1])  # the notebook rides the new conversation
     finally:
         await h.stop()
+
+
+@pytest.fixture
+def budget_peer(tmp_path: Path) -> Iterator[Peer]:
+    """eve 1.0.1 whose agent pauses a session once its window's input passes 150 000 tokens
+    (PROTOCOL-27.md §9): three turns of 60 000, and the fourth opens the budget prompt."""
+    made = Peer(tmp_path / "eve-peer-budget", EVE_SESSION_USAGE="150000")
+    made.start("1.0.1")
+    yield made
+    made.stop()
+
+
+async def _over_budget(tg: Any, h: Harness, user: int, where: dict[str, Any], tag: str) -> None:
+    """Three turns of 60 000 input tokens each in the chat: the next one meets the budget prompt."""
+    chat = where.get("chat_id", user)
+    for n in range(3):
+        await tg.message(f"{tag}{n} [[tokens=60000]]", user_id=user, **where)
+        await _until_text(tg, chat, f"{tag}{n}")
+    await h.until(lambda: (c := h.maybe_chat(str(chat))) is not None and not c.busy, 60, f"{chat} idle")
+
+
+def _prompt(tg: Any, chat: int) -> dict[str, Any]:
+    return next(m for m in reversed(tg.sent(chat)) if m.get("reply_markup"))
+
+
+async def test_the_budget_prompt_on_eve_1x_continued_stopped_and_left(tmp_path: Path, tg: Any,
+                                                                      budget_peer: Peer) -> None:
+    h = budget_peer.harness(tmp_path / "state", tg, IVA_BUSY_TIMEOUT="10")
+    await h.start()
+    group = {"chat_id": GROUP, "chat_type": "supergroup", "reply_to_bot": True}
+    try:
+        # the owner's own chat: asked there; Continue → the turn goes on to its answer
+        await _over_budget(tg, h, OWNER, {}, "o")
+        await tg.message("o3 over budget", user_id=OWNER)
+        await _until_text(tg, OWNER, t("budget_prompt", "en"))
+        prompt = _prompt(tg, OWNER)
+        assert [b["text"] for row in prompt["reply_markup"]["inline_keyboard"] for b in row] == ["Continue", "Stop"]
+        await tg.press(prompt, "Continue", user_id=OWNER)
+        await _until_text(tg, OWNER, "echo: o3 over budget")
+        # a friend's chat: the owner is asked in their private chat and stops it
+        await _over_budget(tg, h, FRIEND, {}, "f")
+        await tg.message("f3 over budget", user_id=FRIEND)
+        await _until_text(tg, FRIEND, t("budget_waiting_owner", "en"))
+        await tg.wait_for(lambda: sum(bool(m.get("reply_markup")) for m in tg.sent(OWNER)) == 2, 60,
+                          "the owner asked for the friend's chat")
+        await tg.press(_prompt(tg, OWNER), "Stop", user_id=OWNER)
+        friend = await _until_text(tg, FRIEND, t("budget_stopped", "en"))
+        assert "echo: f3 over budget" not in friend
+        # a group nobody answers for: given up after the busy timeout, and met again later
+        await _over_budget(tg, h, FRIEND, group, "g")
+        await tg.message("g3 over budget", user_id=FRIEND, **group)
+        await _until_text(tg, GROUP, t("budget_given_up", "en"))
+        await tg.message("g4 still there?", user_id=FRIEND, **group)
+        await tg.wait_for(lambda: tg.texts(GROUP).count(t("budget_given_up", "en")) == 2, 120, "met again")
+        assert tg.texts(GROUP).count(t("budget_waiting_owner", "en")) == 2
+        await h.settled(60)
+        for address in (str(OWNER), str(FRIEND), str(GROUP)):
+            chat = h.maybe_chat(address)
+            assert chat is not None and not chat.busy, (address, chat)
+    finally:
+        await h.stop()
