@@ -28,7 +28,7 @@ __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase",
            "Outgoing", "SchemaMismatch", "SchemaTooNew", "Store", "clear_dead", "mint_pairing_code", "owners_of",
            "people_meta", "read_status"]
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -274,6 +274,15 @@ _MIGRATIONS: dict[int, str] = {
     ALTER TABLE chats ADD COLUMN cursor_fact INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE chats ADD COLUMN stream_version INTEGER NOT NULL DEFAULT 0;
     UPDATE chats SET stream_version = 26 WHERE cursor > 0
+    """,
+    # D1: the model a chat's owner chose with /model (its SQL: bridge/storage/models.py).
+    15: """
+    CREATE TABLE chat_models (
+        address     TEXT PRIMARY KEY,
+        name        TEXT NOT NULL,
+        set_by      INTEGER,
+        set_at      REAL NOT NULL
+    )
     """,
 }
 

@@ -516,6 +516,7 @@ class FakeEve:
         self.responses: list[tuple[str, str, int]] = []  # (method, path, status) of every answered request
         self.sessions: dict[str, FakeSession] = {}
         self.requests: list[tuple[str, str, Any]] = []
+        self.headers: list[tuple[str, str, dict[str, str]]] = []  # (method, path, its x-iva-* headers), every request
         self.not_ready_sends = 0
         self.cut_streams = 0
         self.cut_after = 3
@@ -601,6 +602,14 @@ class FakeEve:
     def sends(self) -> list[dict[str, Any]]:
         return [b for m, p, b in self.requests if m == "POST" and p.count("/") == 4 and b is not None]
 
+    def told(self, route: str = "send") -> list[dict[str, str]]:
+        """The x-iva-* headers (D2) of every request to ``route``: ``create`` (a new session),
+        ``send`` (a message or answers to a session), or an action's name."""
+        def of(method: str, path: str) -> str:
+            parts = path.strip("/").split("/")  # eve v1 session [id [action]]
+            return "create" if len(parts) == 3 else "send" if len(parts) == 4 else parts[-1]
+        return [h for m, p, h in self.headers if m == "POST" and p.startswith("/eve/v1/session") and of(m, p) == route]
+
     def routes(self, name: str) -> list[str]:
         return [p for m, p, _ in self.requests if p.endswith("/" + name)]
 
@@ -608,6 +617,9 @@ class FakeEve:
 
     @web.middleware
     async def _track(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        # D2: what Iva told the agent's channel with this request (its x-iva-* headers)
+        self.headers.append((request.method, request.path, {k.lower(): v for k, v in request.headers.items()
+                                                             if k.lower().startswith("x-iva-")}))
         response: web.StreamResponse
         if request.path.endswith("/stream"):
             response = await handler(request)
