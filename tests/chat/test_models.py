@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bridge.config import read_models
-from tests.daemons import API_TOKEN, api, idle, notes_in_db
+from tests.daemons import API_TOKEN, api, idle
 from tests.fakes.eve import FakeEve
 from tests.fakes.telegram import BOT_USERNAME, FakeTelegram
 from tests.harness import FRIEND, OWNER, Harness
