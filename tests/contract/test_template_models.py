@@ -189,7 +189,8 @@ async def test_the_template_answers_each_chat_on_its_model_and_the_rebuild_with_
 
     # Without Iva's token the headers are never read: the request is refused before any model call.
     calls = len(template.requests())
-    refused = httpx.post(f"{template.url}/eve/v1/session", json={"message": "let me in"}, timeout=10,
-                         headers={**rebuild, "x-iva-model": "fake/small", "authorization": "Bearer not-the-token"})
+    async with httpx.AsyncClient(timeout=10) as http:
+        refused = await http.post(f"{template.url}/eve/v1/session", json={"message": "let me in"},
+                                  headers={**rebuild, "x-iva-model": "fake/small", "authorization": "Bearer not-the-token"})
     assert refused.status_code == 401
     assert len(template.requests()) == calls
