@@ -516,6 +516,7 @@ class FakeEve:
         self.responses: list[tuple[str, str, int]] = []  # (method, path, status) of every answered request
         self.sessions: dict[str, FakeSession] = {}
         self.requests: list[tuple[str, str, Any]] = []
+        self.dynamic_model = False  # /info as for eve 1.x's defineDynamic model (D1): no id, no window
         self.headers: list[tuple[str, str, dict[str, str]]] = []  # (method, path, its x-iva-* headers), every request
         self.not_ready_sends = 0
         self.cut_streams = 0
@@ -691,7 +692,9 @@ class FakeEve:
         connections = [{"connectionName": self.mcp_connection, "protocol": "mcp", "url": self.mcp_url,
                         "hasHeaders": False}] if self.mcp_url else []
         eve_version = EVE_VERSION_27 if self.stream_version >= 27 else EVE_VERSION_26
-        return web.json_response({"agent": {"model": {"id": "fake/fake-model", "contextWindowTokens": self.window}},
+        model = {"routing": {"kind": "dynamic"}} if self.dynamic_model else \
+            {"id": "fake/fake-model", "contextWindowTokens": self.window}
+        return web.json_response({"agent": {"model": model},
                                   "connections": connections, "eveVersion": eve_version, "version": 5})
 
     async def _create(self, request: web.Request) -> web.Response:
