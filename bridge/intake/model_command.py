@@ -124,7 +124,7 @@ async def model_pressed(s: Services, scheduler: Scheduler, query: CallbackQuery,
     if not s.models.enabled:
         return t("model_none", lang)
     try:
-        Address.parse(address)
+        address = str(Address.parse(address))
     except ValueError:
         return t("model_none", lang)
     async with s.store.db.transaction():

@@ -298,3 +298,25 @@ def test_iva_models_is_read_with_one_clear_line_per_problem() -> None:
     assert "IVA_MODELS: a's window 1 must be at least 1000 tokens" in caught.value.problems
     assert any(p.startswith("IVA_LANG=") for p in caught.value.problems)
     assert Settings.from_env({**env, "IVA_MODELS": MODELS}).models.names == ("fast", "strong", "tiny")
+
+
+async def test_the_window_line_follows_the_chats_model(tg: FakeTelegram, fake_eve: FakeEve, in_process_factory: Any):
+    """D3: the [window] line of an owner's turn measures against the chat's model's threshold:
+    50 000 tokens are no pressure under big's 110 000, and 50 000 of 60 000 once the chat answers
+    on small (window 100 000; still under its threshold, so nothing is compacted)."""
+    d = in_process_factory(listen=True, IVA_API_TOKEN=API_TOKEN, IVA_NOTES_ENABLED="1",
+                           IVA_MODELS="big=a/big:200000,small=a/small:100000")
+    fake_eve.mcp_url = d.api_url + "/mcp"
+    await d.start()
+
+    async def context(text: str) -> str:
+        await tg.message(text, user_id=OWNER)
+        await d.settled()
+        return str(fake_eve.sends()[-1]["clientContext"])
+
+    assert "[window]" not in await context("one [[tokens=50000]]")
+    assert "[window]" not in await context("two [[tokens=50000]]")
+    await tg.message("/model small", user_id=OWNER)
+    await d.settled()
+    assert "compact" not in tg.texts(OWNER)[-1] and fake_eve.routes("compact") == []
+    assert "50 000 of 60 000" in await context("three")

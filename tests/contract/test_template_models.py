@@ -157,6 +157,8 @@ async def test_the_template_answers_each_chat_on_its_model_and_the_rebuild_with_
         await tg.message("a big one from the owner [[tokens=30000]]", user_id=OWNER)
         await h.settled(90)
         assert template.compactions() == before + 1  # Iva compacted the small window's chat after its turn
+        # eve runs no dynamic model for a summary call: it summarises on the turn's selection (observed)
+        assert [r for r in template.requests() if r["kind"] == "compaction"][-1]["model"] == "fake/small"
         await tg.message("/status", user_id=OWNER)
         await tg.message("/status", user_id=FRIEND)
         await h.settled(60)
