@@ -16,6 +16,7 @@ from ..errors import BridgeError
 from ..models import Caller, Role, TurnKind
 from ..people import Role as PersonRole
 from ..push import turns as pushed
+from ..storage.address import Address
 from ..storage.payloads import InputAnswer, PushedTurn, Queued, QueuedMessage, decode
 from ..telegram.texts import t
 from .compose import Composed, compose, hear
@@ -148,13 +149,13 @@ async def caller(s: Services, address: str, items: Sequence[Queued]) -> Caller:
     if push is not None:
         kind = TurnKind.REMINDER if push.source == "reminder" else TurnKind.PUSHED
         return Caller(address, kind, model, role=Role.OWNER)
-    people = [(i.user_id, isinstance(i, QueuedMessage) and i.private) for i in items
-              if isinstance(i, QueuedMessage | InputAnswer)]
+    people = [i.user_id for i in items if isinstance(i, QueuedMessage | InputAnswer)]
     if not people:
         return Caller(address, TurnKind.PERSON, model)
+    private = Address.parse(address).chat_id > 0  # Telegram's groups and channels have negative ids
     ranks = (Role.OWNER, Role.ALLOWED, Role.MEMBER)
-    roles = [await _role(s, user, private) for user, private in people]
-    return Caller(address, TurnKind.PERSON, model, speaker=people[-1][0], role=max(roles, key=ranks.index))
+    roles = [await _role(s, user, private) for user in people]
+    return Caller(address, TurnKind.PERSON, model, speaker=people[-1], role=max(roles, key=ranks.index))
 
 
 async def _role(s: Services, user: int, private: bool) -> Role:

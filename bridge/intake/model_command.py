@@ -71,8 +71,8 @@ async def switch(s: Services, address: str, name: str, user: int, lang: str) -> 
     text = t("model_same" if before == model else "model_switched", lang, model=_shown(model, lang))
     chat = await s.store.chat(address)
     threshold = await s.threshold(address)
-    if chat is None or chat.measurement is None or chat.measurement < threshold:
-        return text, False
+    if chat is None or chat.measurement is None or chat.measurement < threshold or s.requests.outstanding(address):
+        return text, False  # fits; or a compact request of ours is in flight already (C5)
     if await s.transitions.capture_for_window(address, before=chat.measurement, threshold=threshold) is None:
         return text, False  # busy: the turn's parking measures against the new threshold
     logger.info("model_switch_compacts_first", measurement=chat.measurement, threshold=threshold)

@@ -44,7 +44,3 @@ class ModelStore:
             "INSERT INTO chat_models (address, name, set_by, set_at) VALUES (?, ?, ?, ?) ON CONFLICT (address) "
             "DO UPDATE SET name = excluded.name, set_by = excluded.set_by, set_at = excluded.set_at",
             (address, name, set_by, now))
-
-    async def forget(self, address: str) -> int:
-        """Back to the operator's default; how many rows went (0 or 1)."""
-        return await self.db.execute("DELETE FROM chat_models WHERE address = ?", (address,))

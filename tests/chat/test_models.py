@@ -82,6 +82,9 @@ async def test_the_owner_lists_and_switches_the_model_and_eve_is_told_from_the_n
     assert "Model: strong — anthropic/claude-strong, window 200 000 tokens" in status
     assert "of 110 000 tokens" in status  # min(60% × 200 000, 110 000)
 
+    await tg.press(listing, "strong", user_id=FRIEND)  # not an owner: refused, nothing changes
+    await tg.wait_for(lambda: len(tg.calls_of("answerCallbackQuery")) == 1, 10, "the refusal")
+    assert tg.calls_of("answerCallbackQuery")[-1]["text"] == "Only an owner can choose the model."
     await tg.press(listing, "✓ fast", user_id=OWNER)
     await modelled.settled()
     assert tg.calls_of("answerCallbackQuery")[-1]["text"].startswith("From the next answer on, this conversation "
@@ -103,9 +106,12 @@ async def test_model_in_every_chat_kind_and_role(modelled: Harness, tg: FakeTele
     assert [p["text"] for p in shown_to(tg, GROUP, FRIEND)] == ["Only an owner can choose the model."]
     assert modelled.observe("SELECT * FROM chat_models") == []
 
+    await in_group(tg, "/model tiny", 4242)  # a stranger: not answered at all
     await in_group(tg, "/model", OWNER)
     await in_group(tg, "/model tiny", OWNER)
     await modelled.settled()
+    assert [p for p in tg.sent(GROUP) if (p.get("ephemeral_message_parameters") or {}).get("receiver_user_id")
+            not in (FRIEND, OWNER)] == []
     listing, switched = shown_to(tg, GROUP, OWNER)
     assert listing["text"].startswith("Models for this conversation:") and "✓ fast" in listing["text"]
     assert switched["text"].startswith("From the next answer on, this conversation answers on tiny")
@@ -135,6 +141,15 @@ async def test_model_in_every_chat_kind_and_role(modelled: Harness, tg: FakeTele
     await modelled.settled()
     by_chat = {h["x-iva-chat"]: h["x-iva-model"] for h in fake_eve.told("send")}
     assert by_chat[f"{OWNER}/{topic}"] == "anthropic/claude-strong" and by_chat[str(OWNER)] == "openai/gpt-fast"
+
+    # A forum topic of the group is a conversation of its own too; the group's own stays tiny.
+    await in_group(tg, "/model strong", OWNER, thread_id=7, is_topic=True)
+    await modelled.settled()
+    await in_group(tg, "in the forum topic", OWNER, thread_id=7, is_topic=True)
+    await in_group(tg, "in the group", OWNER)
+    await modelled.settled()
+    by_chat = {h["x-iva-chat"]: h["x-iva-model"] for h in fake_eve.told("send")}
+    assert by_chat[f"{GROUP}/7"] == "anthropic/claude-strong" and by_chat[str(GROUP)] == "local/tiny"
 
 
 async def test_an_unknown_model_is_one_line_and_no_turn(modelled: Harness, tg: FakeTelegram, fake_eve: FakeEve):
