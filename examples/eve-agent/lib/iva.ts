@@ -13,6 +13,9 @@
 // channels/eve.ts copies them into the caller's attributes only after it checked Iva's bearer,
 // as "iva.model", "iva.chat", ... and only in the shapes below: nobody else can set them.
 // Read them with `iva(ctx)`, which trusts attributes only of the "iva-bearer" authenticator.
+// The principal is "iva" for every person (channels/eve.ts says why), so eve's per-principal
+// features see one caller: key per-person ones on the speaker instead, e.g. a memory slot's
+// `scope: (ctx) => iva(ctx).speaker ?? null` (agent/memory/, eve's docs/memory).
 
 export const IVA_AUTHENTICATOR = "iva-bearer";
 
