@@ -37,6 +37,7 @@ from .intake.commands import Commands
 from .intake.ingest import Ingest
 from .intake.webhook import Webhook
 from .metrics import METRICS
+from .models import ChatModels
 from .notebook import Notebook, NotebookConfig, PressureTexts, Rebuilder
 from .people import PAIRING_SECONDS, link
 from .push.reminders import Reminders
@@ -142,7 +143,7 @@ class Bridge:
                 if self.settings.context_window:
                     return
                 window.learn(info.context_window_tokens)
-                logger.info("eve_window_learned", window=window.tokens, threshold=services.threshold())
+                logger.info("eve_window_learned", window=window.tokens, threshold=await services.threshold())
                 return
             except eve.EveRejected as exc:
                 if exc.status != 403:
@@ -166,6 +167,7 @@ class Bridge:
                 BotCommand(command="compact", description=t("cmd_compact", lang)),
                 BotCommand(command="status", description=t("cmd_status", lang)),
                 BotCommand(command="reminders", description=t("cmd_reminders", lang)),
+                *([BotCommand(command="model", description=t("cmd_model", lang))] if self.settings.models else []),
                 *([BotCommand(command="notes", description=t("cmd_notes", lang))] if self.settings.notes_enabled else []),
                 BotCommand(command="topic", description=t("cmd_topic", lang)),
                 BotCommand(command="invite", description=t("cmd_invite", lang)),
@@ -328,9 +330,11 @@ async def open_bridge(settings: Settings, stack: contextlib.AsyncExitStack, *,
     await store.claim_bot(me.id)  # another bot's state: its message ids would be taken for ours
     sender = Sender(bot, store, written_before=await store.last_outgoing_id())
     notebook = Notebook(db, store, notebook_config(s))
-    rebuilder = Rebuilder(notebook, store, client)
+    models = ChatModels(db, s.models)  # D1: which model answers each chat
+    rebuilder = Rebuilder(notebook, store, client, headers=models.rebuild_headers)
     services = Services.build(settings=s, eve_client=client, store=store, queue=queue, sender=sender,
-                              spawn=spawn, notebook=notebook, rebuilder=rebuilder, clock=seams.period_clock)
+                              spawn=spawn, notebook=notebook, rebuilder=rebuilder, clock=seams.period_clock,
+                              models=models)
     requeued = await services.transitions.repair_at_start()
     pairing = await services.people.start_pairing(me.username)
     if pairing is not None:

@@ -87,8 +87,11 @@ async def _check(settings: Settings) -> int:
                 info = await client.info()
                 window = settings.context_window or info.context_window_tokens
                 ours = parking.threshold(window, settings.compact_percent, settings.compact_ceiling)
-                print(f"ok   eve agent: model {info.model_id or '(not reported)'}, "
-                      f"window {info.context_window_tokens or '(not reported)'}, parking threshold {ours}")
+                dynamic = _dynamic_model(info.raw)
+                if not dynamic or not settings.models:
+                    print(f"ok   eve agent: model {info.model_id or '(chosen per turn)'}, "
+                          f"window {info.context_window_tokens or '(not reported)'}, parking threshold {ours}")
+                warnings.extend(_models(settings, dynamic, info.model_id))
                 if settings.context_window and info.context_window_tokens and \
                         settings.context_window != info.context_window_tokens:
                     warnings.append(f"IVA_CONTEXT_WINDOW={settings.context_window} but eve reports "
@@ -101,7 +104,10 @@ async def _check(settings: Settings) -> int:
                             f"(min(75% of {window}, 137 500)); eve would compact inside turns first. "
                             "Lower IVA_COMPACT_PERCENT/IVA_COMPACT_CEILING (see examples/eve-agent/agent.ts)"
                         )
-                if settings.notes_enabled:
+                if settings.notes_enabled and dynamic:
+                    print("note notebook: eve's agent chooses its definitions per turn (examples/eve-agent): /info "
+                          "lists its notebook connection only once a turn used it, so it is not checked here")
+                elif settings.notes_enabled:
                     warnings.extend(_notebook_connection(settings, info.raw))
             except eve.EveUnauthorized:
                 problems.append("eve: the token was rejected (IVA_EVE_TOKEN)")
@@ -192,6 +198,35 @@ async def _webhook(settings: Settings, bot: Bot) -> list[str]:
     else:
         print(f"ok   webhook: Telegram delivers to {url} ({info.pending_update_count} updates pending)")
     return problems
+
+
+def _dynamic_model(raw: object) -> bool:
+    """eve 1.x's /info of an agent whose model is a ``defineDynamic`` (D1): no id, no window."""
+    agent = raw.get("agent") if isinstance(raw, dict) else None
+    model = agent.get("model") if isinstance(agent, dict) else None
+    routing = model.get("routing") if isinstance(model, dict) else None
+    return isinstance(routing, dict) and routing.get("kind") == "dynamic"
+
+
+def _models(settings: Settings, dynamic: bool, model_id: str | None) -> list[str]:
+    """D1, D3: each allowed model's window and parking threshold, and the agent's side of it."""
+    warnings: list[str] = []
+    for model in settings.models.entries:
+        ours = parking.threshold(model.window, settings.compact_percent, settings.compact_ceiling)
+        print(f"ok   model {model.name}: {model.id}, window {model.window}, parking threshold {ours}"
+              + (" (the default)" if model is settings.models.default else "")
+              + (" (the notebook's, IVA_NOTES_MODEL)" if model is settings.models.notes else ""))
+        safety = parking.in_turn_threshold(model.window, settings.inturn_percent)
+        if ours >= safety:
+            warnings.append(f"model {model.name}: the parking threshold {ours} is not below eve's in-turn safety "
+                            f"net {safety}; lower IVA_COMPACT_PERCENT/IVA_COMPACT_CEILING")
+    if settings.models and not dynamic:
+        warnings.append(f"IVA_MODELS is set, but eve's agent answers on one fixed model ({model_id or '?'}): /model "
+                        "choices do not reach it; build it from examples/eve-agent (model: defineDynamic)")
+    elif dynamic and not settings.models and not settings.context_window:
+        warnings.append("eve's agent chooses its model per turn and names no window: set IVA_MODELS (the same value "
+                        "where eve runs), or IVA_CONTEXT_WINDOW")
+    return warnings
 
 
 def _notebook_connection(settings: Settings, raw: object) -> list[str]:

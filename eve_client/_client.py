@@ -167,9 +167,10 @@ class EveClient:
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    async def _once(self, method: str, path: str, route: str, json: Any = None) -> httpx.Response:
+    async def _once(self, method: str, path: str, route: str, json: Any = None,
+                    headers: Mapping[str, str] | None = None) -> httpx.Response:
         try:
-            response = await self._pool_of(path).request(method, path, json=json)
+            response = await self._pool_of(path).request(method, path, json=json, headers=headers)
         except httpx.HTTPError as exc:
             raise map_transport(exc, route) from exc
         if response.status_code >= 400:
@@ -177,11 +178,12 @@ class EveClient:
         return response
 
     async def _call(
-        self, method: str, path: str, *, route: str, json: Any = None, idempotent: bool = True, keyed: bool = False
+        self, method: str, path: str, *, route: str, json: Any = None, idempotent: bool = True, keyed: bool = False,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[httpx.Response, dict[str, Any]]:
         async for attempt in self._retry.retrying(idempotent=idempotent, keyed=keyed):
             with attempt:
-                response = await self._once(method, path, route, json)
+                response = await self._once(method, path, route, json, headers)
         try:
             body = response.json()
         except ValueError as exc:
@@ -221,9 +223,11 @@ class EveClient:
         return info
 
     async def create_session(
-        self, message: str | None = None, *, client_context: ClientContext | None = None
+        self, message: str | None = None, *, client_context: ClientContext | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> str:
-        """``POST /eve/v1/session``; returns the new session id."""
+        """``POST /eve/v1/session``; returns the new session id. ``headers``: the caller's own,
+        sent with this request only (never a body field: eve 1.x refuses unknown ones)."""
         payload: dict[str, Any] | None = None
         if message is not None:
             payload = {"message": message}
@@ -232,7 +236,7 @@ class EveClient:
         elif client_context is not None:
             raise ValueError("eve accepts clientContext on create only together with a message")
         response, body = await self._call(
-            "POST", "/eve/v1/session", route="create", json=payload, idempotent=False
+            "POST", "/eve/v1/session", route="create", json=payload, idempotent=False, headers=headers
         )
         session_id = body.get("sessionId") or response.headers.get("x-eve-session-id")
         if not isinstance(session_id, str) or not session_id:
@@ -294,13 +298,15 @@ class EveClient:
         turn_policy: TurnPolicy | None = None,
         client_context: ClientContext | None = None,
         idempotency_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Delivery:
         """``POST /eve/v1/session/:id``: deliver a message (steer by default, as eve does).
 
         ``message`` is text, or a list of parts (``{"type": "text", "text"}`` and
         ``{"type": "file", "data": "data:<type>;base64,…", "mediaType", "filename"}``).
         ``idempotency_key`` (eve 1.x): the same key again is the same delivery and no second
-        turn (V4); eve 0.80 has no such field and is not sent one (V3).
+        turn (V4); eve 0.80 has no such field and is not sent one (V3). ``headers``: as for
+        :meth:`create_session`.
         """
         payload: dict[str, Any] = {"message": message if isinstance(message, str) else list(message)}
         if turn_policy is not None:
@@ -314,21 +320,23 @@ class EveClient:
         # V4: a keyed send whose answer was lost is simply sent again: eve answers it once
         _, body = await self._call(
             "POST", f"/eve/v1/session/{self._sid(session_id)}", route="send", json=payload,
-            idempotent=False, keyed=keyed,
+            idempotent=False, keyed=keyed, headers=headers,
         )
         delivery = body.get("deliveryId")
         return Delivery(session_id=session_id, delivery_id=delivery if isinstance(delivery, str) else None)
 
-    async def respond(self, session_id: str, answers: Sequence[Answer]) -> Delivery:
+    async def respond(self, session_id: str, answers: Sequence[Answer], *,
+                      headers: Mapping[str, str] | None = None) -> Delivery:
         """Answer what the turn waits on (a question, an approval, a budget prompt): eve 1.x's
-        ``answers: [{interactionId, optionId | text}]``, or 0.80's ``inputResponses``."""
+        ``answers: [{interactionId, optionId | text}]``, or 0.80's ``inputResponses``.
+        ``headers``: as for :meth:`create_session`."""
         v27 = self._wire() >= 27
         key = "interactionId" if v27 else "requestId"
         items = [{key: a.question_id, **({"optionId": a.option_id} if a.option_id is not None else {}),
                   **({"text": a.text} if a.text is not None else {})} for a in answers]
         _, body = await self._call(
             "POST", f"/eve/v1/session/{self._sid(session_id)}", route="respond",
-            json={"answers" if v27 else "inputResponses": items}, idempotent=False,
+            json={"answers" if v27 else "inputResponses": items}, idempotent=False, headers=headers,
         )
         delivery = body.get("deliveryId")
         return Delivery(session_id=session_id, delivery_id=delivery if isinstance(delivery, str) else None)

@@ -11,6 +11,7 @@
    │ └────────────── idle + reset mark ◄───────────────────────────────────┤
    │                                                                       │ ack window passed
    │  capture_manual (/compact, idle, measured ≥ minimum)                  ▼ (C6): release
+   │  capture_for_window (/model: a smaller window, D3) → busy(compacting, auto)
    ├──────────────────────────► busy(compacting, manual) ──────►  released (idle, watched)
    │  finish_compaction / drop_compaction ◄────┘                           │ compaction.requested:
    │                                                                       │ recapture → busy(

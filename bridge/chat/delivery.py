@@ -13,15 +13,18 @@ import eve_client as eve
 
 from .. import log
 from ..errors import BridgeError
+from ..models import Caller, Role, TurnKind
+from ..people import Role as PersonRole
 from ..push import turns as pushed
-from ..storage.payloads import PushedTurn, Queued, QueuedMessage, decode
+from ..storage.address import Address
+from ..storage.payloads import InputAnswer, PushedTurn, Queued, QueuedMessage, decode
 from ..telegram.texts import t
 from .compose import Composed, compose, hear
 from .endings import say_unheard
 from .services import Services
 from .transcribe import Transcriber
 
-__all__ = ["Lost", "Unheard", "send"]
+__all__ = ["Lost", "Unheard", "caller", "send"]
 
 logger = log.get("bridge.chat.delivery")
 
@@ -61,13 +64,15 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
             logger.info("turn_recomposed_after_edit")
             items = now
             composed = await _compose(s, address, items, heard)
+        headers = (await caller(s, address, items)).headers()  # D2
         for attempt in (1, 2):
-            session = await _ensure_session(s, address, claim)
+            session = await _ensure_session(s, address, claim, headers)
             context, marks = await _state_block(s, address, policy)
             context, told = await pushed.context(s.store.db, address, items, context, steer=policy == "steer")
             try:
                 delivery = await s.eve.send(session, composed.message, turn_policy=policy, client_context=context,
-                                            idempotency_key=idempotency_key(s.sender.bot.id, address, items, session))
+                                            idempotency_key=idempotency_key(s.sender.bot.id, address, items, session),
+                                            headers=headers)
             except eve.SessionGone as exc:
                 if attempt == 2 or policy == "steer":
                     raise Lost(str(exc)) from exc
@@ -127,12 +132,38 @@ async def _compose(s: Services, address: str, items: Sequence[Queued],
     return composed
 
 
-async def _ensure_session(s: Services, address: str, claim: str) -> str:
+async def caller(s: Services, address: str, items: Sequence[Queued]) -> Caller:
+    """D2: what the agent's channel is told with this turn's requests: the chat's model, the chat,
+    the turn's kind; for people's messages the latest speaker, and the weakest role among the
+    turn's authors (a template never grants a batch more than its least trusted author); a pushed
+    turn or a reminder is the owner's (N1)."""
+    model = (await s.models.of(address)).model
+    push = next((i for i in items if isinstance(i, PushedTurn)), None)
+    if push is not None:
+        kind = TurnKind.REMINDER if push.source == "reminder" else TurnKind.PUSHED
+        return Caller(address, kind, model, role=Role.OWNER)
+    people = [i.user_id for i in items if isinstance(i, QueuedMessage | InputAnswer)]
+    if not people:
+        return Caller(address, TurnKind.PERSON, model)
+    private = Address.parse(address).chat_id > 0  # Telegram's groups and channels have negative ids
+    ranks = (Role.OWNER, Role.ALLOWED, Role.MEMBER)
+    roles = [await _role(s, user, private) for user in people]
+    return Caller(address, TurnKind.PERSON, model, speaker=people[-1], role=max(roles, key=ranks.index))
+
+
+async def _role(s: Services, user: int, private: bool) -> Role:
+    known = await s.people.role(user)
+    if known is PersonRole.OWNER:
+        return Role.OWNER
+    return Role.ALLOWED if known is PersonRole.ALLOWED and private else Role.MEMBER
+
+
+async def _ensure_session(s: Services, address: str, claim: str, headers: dict[str, str] | None = None) -> str:
     chat = await s.store.chat(address)
     assert chat is not None
     if chat.eve_session:
         return chat.eve_session
-    session = await s.eve.create_session()
+    session = await s.eve.create_session(headers=headers)
     async with s.store.db.transaction():
         was = await s.transitions.session_opened(address, claim, session, eve_version=s.eve.eve_version)
         if was.upgraded_from is not None:
@@ -153,4 +184,4 @@ async def _state_block(s: Services, address: str, policy: eve.TurnPolicy) -> tup
     chat = await s.store.chat(address)
     if chat is None or not chat.owner_turn:
         return None, {}
-    return await s.notebook.block(chat, threshold=s.threshold(), window=s.window.tokens)
+    return await s.notebook.block(chat, threshold=await s.threshold(address), window=await s.window_of(address))

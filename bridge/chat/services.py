@@ -13,6 +13,7 @@ from diskqueue import DiskQueue
 from eve_client import EveClient
 
 from ..config import Settings
+from ..models import ChatModels
 from ..notebook import Notebook, Rebuilder
 from ..people import People
 from ..storage.store import Store
@@ -132,6 +133,7 @@ class Services:
     outbox: Outbox
     spawn: Callable[[Coroutine[Any, Any, Any]], object]
     people: People  # who may talk: the settings' ids and the paired and invited (P1-P4, S7)
+    models: ChatModels  # which model answers each chat (D1): IVA_MODELS and /model's choices
     notebook: Notebook | None = None
     rebuilder: Rebuilder | None = None
     window: ContextWindow = field(default_factory=ContextWindow)
@@ -145,18 +147,29 @@ class Services:
     hearing: Pool = field(default_factory=lambda: Pool(TRANSCRIBERS))
     clock: PeriodClock = field(default_factory=PeriodClock)  # the busy periods' time
 
-    def threshold(self) -> int:
+    async def window_of(self, address: str | None) -> int | None:
+        """D3: the window of the model that answers the chat (IVA_MODELS), else the agent's."""
+        if address is not None and self.models.enabled:
+            model = (await self.models.of(address)).model
+            if model is not None:
+                return model.window
+        return self.window.tokens
+
+    async def threshold(self, address: str | None = None) -> int:
+        """The parking threshold of the chat's model (D3); without an address, the agent's."""
         s = self.settings
-        return parking.threshold(self.window.tokens, s.compact_percent, s.compact_ceiling)
+        return parking.threshold(await self.window_of(address), s.compact_percent, s.compact_ceiling)
 
     @classmethod
     def build(cls, *, settings: Settings, eve_client: EveClient, store: Store, queue: DiskQueue, sender: Sender,
               spawn: Callable[[Coroutine[Any, Any, Any]], object], notebook: Notebook | None = None,
-              rebuilder: Rebuilder | None = None, clock: PeriodClock | None = None) -> Services:
+              rebuilder: Rebuilder | None = None, clock: PeriodClock | None = None,
+              models: ChatModels | None = None) -> Services:
         notebook = notebook if notebook is not None and notebook.enabled else None
         transitions = Transitions(store, queue, notebook)
         return cls(settings=settings, eve=eve_client, store=store, queue=queue, transitions=transitions,
                    sender=sender, outbox=Outbox(store, sender, transitions), spawn=spawn,
                    people=People(store, settings), notebook=notebook,
+                   models=models or ChatModels(store.db, settings.models),
                    rebuilder=rebuilder if notebook is not None else None,
                    window=ContextWindow(settings.context_window), clock=clock or PeriodClock())

@@ -559,6 +559,25 @@ class _Compactions(_Record):
                               compact_lang=lang)
             return claim
 
+    async def capture_for_window(self, address: str, *, before: int, threshold: int) -> str | None:
+        """idle → busy(compacting, auto) (D3): the chat now answers on a model whose threshold its
+        conversation (``before``, the last measurement) no longer fits under; compacted before
+        its next turn, silently as parking does (C11). The claim, or None when the chat is not
+        free, has no session, fits, parking is off for it (C8) or backs off after a failure."""
+        async with self.store.db.transaction():
+            chat = await self.store.chat(address)
+            now = self.clock()
+            if chat is None or state_of(chat) is not ChatState.IDLE or chat.reset_requested or not chat.eve_session \
+                    or chat.reset_mark or chat.compaction_disabled or before < threshold \
+                    or (chat.compact_retry_at is not None and now < chat.compact_retry_at):
+                return None
+            claim = _claim_id()
+            await self._write(address, _IDLE, status=ChatStatus.BUSY, kind=Kind.COMPACT, origin=Origin.AUTO,
+                              claim=claim, busy_since=now, progress_at=now, compact_notified=False,
+                              compact_before=before, compact_phase=CompactPhase.WANTED, compact_reply_to=None,
+                              compact_lang=None)
+            return claim
+
     async def compact_posted(self, address: str, claim: str) -> None:
         """The compact request goes out now (C5: once per compaction)."""
         async with self.store.db.transaction():

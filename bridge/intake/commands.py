@@ -25,6 +25,7 @@ from ..storage.payloads import Kind, Origin, PeopleButton
 from ..storage.store import Chat
 from ..telegram.texts import number, t
 from .addressing import Address
+from .model_command import model_command, model_pressed
 from .reminders_command import pressed, reminders_command
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ class Commands:
             return await self.new(message, address, lang, key)
         if command == "stop":
             return await self.stop(message, address, lang, key)
+        if command == "model":
+            return await model_command(self.s, self.scheduler, message, address, lang, key, args)
         if command == "reminders" and self.reminders is not None:
             return await reminders_command(self.s, self.reminders, message, address, lang, key)
         if command == "invite":
@@ -77,6 +80,10 @@ class Commands:
                                   receiver=self._asker(message) if command == "status" else None)
         s.spawn(s.outbox.flush(addr))
         return "command"
+
+    async def model_pressed(self, query: CallbackQuery, name: str, address: str, lang: str) -> str:
+        """A /model button (D1): the note to show the presser."""
+        return await model_pressed(self.s, self.scheduler, query, name, address, lang)
 
     async def reminder_pressed(self, query: CallbackQuery, reminder_id: str, lang: str) -> str:
         """A /reminders cancel button (W8): the note to show the presser."""
@@ -365,7 +372,7 @@ class Commands:
         s = self.s
         chat = await s.store.chat(address)
         queued = await s.queue.depth(address)
-        threshold = number(s.threshold())
+        threshold = number(await s.threshold(address))
         if chat is None:
             text = t("status", lang, session=t("status_no_session", lang), state=t("status_idle", lang),
                      queued=queued, measure=t("status_unknown", lang), threshold=threshold,
@@ -384,6 +391,12 @@ class Commands:
             parking = t("status_parking_off" if chat.compaction_disabled else "status_parking_on", lang)
             text = t("status", lang, session=session, state=state, queued=queued, measure=measure,
                      threshold=threshold, parking=parking)
+        if s.models.enabled:  # D1: which model answers here, and a choice the operator took away
+            answering = await s.models.of(address)
+            shown = t("model_line", lang, name=answering.model.name, id=answering.model.id,
+                      window=number(answering.model.window)) if answering.model else "?"
+            text += "\n" + (t("status_model_gone", lang, model=shown, chosen=answering.chosen) if answering.fallback
+                            else t("status_model", lang, model=shown))
         if s.notebook is not None:
             mode = chat.notes_mode if chat else "inline"
             text += "\n" + t("status_notes", lang, n=await s.notebook.count(address), mode=mode)

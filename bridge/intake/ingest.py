@@ -49,6 +49,7 @@ from .addressing import Address, Inbound, classify
 from .commands import Commands
 from .describe import describe, quoted
 from .edits import commit_edit, edit_key, message_key
+from .model_command import button as model_button
 from .reminders_command import button as reminder_button
 
 __all__ = ["Ingest"]
@@ -290,6 +291,9 @@ class Ingest:
             if (reminder := reminder_button(query.data)) is not None:  # W8: a /reminders cancel button
                 note = await self.commands.reminder_pressed(query, reminder, lang)
                 return "reminder"
+            if (chosen := model_button(query.data)) is not None:  # D1: a /model button
+                note = await self.commands.model_pressed(query, *chosen, lang)
+                return "model"
             button = PromptButton.parse(query.data)
             if button is None and PeopleButton.parse(query.data) is not None:
                 outcome, note = await self.commands.people_button(query, lang)
@@ -371,7 +375,7 @@ class Ingest:
             logger.info("stranger_ignored", user_id=user.id)
             return "stranger"
         if inbound.command in ("compact", "notes", "start", "help", "status", "new", "stop", "invite", "users",
-                               "topic", "reminders"):
+                               "topic", "reminders", "model"):
             return await self.commands.handle(inbound.command, message, address, lang, key, inbound.command_args)
         prepared = self._prepare(message, inbound, user, lang, owner=role is Role.OWNER)
         if isinstance(prepared, str) and not hold:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Mapping
 
 import eve_client as eve
 
@@ -41,10 +42,14 @@ CONTEXT_CHARS = 6_000
 
 
 class Rebuilder:
-    def __init__(self, notebook: Notebook, store: Store, client: eve.EveClient) -> None:
+    def __init__(self, notebook: Notebook, store: Store, client: eve.EveClient, *,
+                 headers: Callable[[str], Awaitable[Mapping[str, str]]] | None = None) -> None:
         self.notebook = notebook
         self.store = store
         self.eve = client
+        # D2, D4: what the agent's channel is told of the rebuild's session (bridge.models): the
+        # model it runs on and the turn kind for which the template offers no tools.
+        self.headers = headers
         self._running: set[str] = set()
 
     def wanted(self, address: str) -> bool:
@@ -115,7 +120,8 @@ class Rebuilder:
     async def _ask(self, address: str, prompt: str) -> str:
         """One turn in a throwaway session; its usage is the chat's spend under ``notes``. Raises
         :class:`ToolUsed` at the first sign of a tool call."""
-        session = await self.eve.create_session(prompt)
+        headers = await self.headers(address) if self.headers is not None else None
+        session = await self.eve.create_session(prompt, headers=headers)
         text = ""
         calls = tokens_in = tokens_out = cached = 0
         try:

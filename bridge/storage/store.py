@@ -28,7 +28,7 @@ __all__ = ["SCHEMA_VERSION", "CancelMark", "Chat", "ChatStatus", "CompactPhase",
            "Outgoing", "SchemaMismatch", "SchemaTooNew", "Store", "clear_dead", "mint_pairing_code", "owners_of",
            "people_meta", "read_status"]
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -281,6 +281,15 @@ _MIGRATIONS: dict[int, str] = {
     15: """
     ALTER TABLE chats ADD COLUMN session_eve TEXT;
     ALTER TABLE chats ADD COLUMN upgraded_from TEXT
+    """,
+    # D1: the model a chat's owner chose with /model (its SQL: bridge/storage/models.py).
+    16: """
+    CREATE TABLE chat_models (
+        address     TEXT PRIMARY KEY,
+        name        TEXT NOT NULL,
+        set_by      INTEGER,
+        set_at      REAL NOT NULL
+    )
     """,
 }
 

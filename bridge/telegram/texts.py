@@ -29,6 +29,7 @@ _TEXTS: dict[str, dict[Lang, str]] = {
             "/stop — stop the answer being written (the ■ button on it does the same)\n"
             "/compact — compact a long conversation now (I also do it by myself between answers)\n"
             "/status — the conversation's state\n"
+            "/model — which model answers in this conversation, and switch it (owner only)\n"
             "/notes — the notebook I keep for myself in this chat (owner only)\n"
             "/reminders — the reminders set in this chat, to cancel one (owner only)\n"
             "/topic <title> — open another conversation as a topic of this chat (when topics are on)\n"
@@ -42,6 +43,7 @@ _TEXTS: dict[str, dict[Lang, str]] = {
             "/stop — остановить ответ, который я пишу (кнопка ■ на нём делает то же)\n"
             "/compact — сжать длинный разговор сейчас (между ответами я делаю это и сам)\n"
             "/status — состояние разговора\n"
+            "/model — какая модель отвечает в этом разговоре, и сменить её (только владельцу)\n"
             "/notes — блокнот, который я веду для себя в этом чате (только владельцу)\n"
             "/reminders — напоминания этого чата, чтобы отменить (только владельцу)\n"
             "/topic <название> — открыть ещё один разговор темой этого чата (если темы включены)\n"
@@ -288,6 +290,45 @@ _TEXTS: dict[str, dict[Lang, str]] = {
     },
     "pushed_lost_reason": {"en": "the assistant's session was lost", "ru": "сессия ассистента потеряна"},
     "cmd_reminders": {"en": "Reminders in this chat", "ru": "Напоминания в этом чате"},
+    # D1: /model
+    "cmd_model": {"en": "Choose the model", "ru": "Выбрать модель"},
+    "model_header": {"en": "Models for this conversation:", "ru": "Модели для этого разговора:"},
+    "model_line": {"en": "{name} — {id}, window {window} tokens", "ru": "{name} — {id}, окно {window} токенов"},
+    "model_hint": {
+        "en": "/model <name> (or a button) switches from the next answer on.",
+        "ru": "/model <название> (или кнопка) — сменить со следующего ответа.",
+    },
+    "model_gone": {
+        "en": "“{chosen}”, chosen here, is no longer offered: the default, {name}, answers.",
+        "ru": "Выбранной здесь «{chosen}» больше нет в списке: отвечает модель по умолчанию, {name}.",
+    },
+    "model_switched": {
+        "en": "From the next answer on, this conversation answers on {model}.",
+        "ru": "Со следующего ответа в этом разговоре отвечает {model}.",
+    },
+    "model_same": {
+        "en": "This conversation already answers on {model}.",
+        "ru": "В этом разговоре уже отвечает {model}.",
+    },
+    "model_unknown": {
+        "en": "There is no model “{name}” here. Choose one of: {names}.",
+        "ru": "Модели «{name}» здесь нет. Можно выбрать: {names}.",
+    },
+    "model_none": {
+        "en": "There are no models to choose from here: the operator lists them in IVA_MODELS.",
+        "ru": "Выбирать здесь не из чего: список моделей задаёт оператор (IVA_MODELS).",
+    },
+    "model_owner_only": {"en": "Only an owner can choose the model.", "ru": "Модель может выбрать только владелец."},
+    "model_compact_first": {
+        "en": "Its window is smaller than this conversation fills ({size} of {threshold} tokens): "
+              "I'll compact the conversation first.",
+        "ru": "Её окно меньше, чем занимает разговор ({size} из {threshold} токенов): сначала сожму разговор.",
+    },
+    "status_model": {"en": "Model: {model}", "ru": "Модель: {model}"},
+    "status_model_gone": {
+        "en": "Model: {model} (the default: “{chosen}”, chosen here, is no longer offered)",
+        "ru": "Модель: {model} (по умолчанию: выбранной здесь «{chosen}» больше нет в списке)",
+    },
     "reminders_none": {"en": "No reminders in this chat.", "ru": "В этом чате нет напоминаний."},
     "reminders_header": {"en": "Reminders in this chat ({n}); a button cancels one:",
                          "ru": "Напоминания в этом чате ({n}); кнопка отменяет:"},

@@ -517,6 +517,8 @@ class FakeEve:
         self.responses: list[tuple[str, str, int]] = []  # (method, path, status) of every answered request
         self.sessions: dict[str, FakeSession] = {}
         self.requests: list[tuple[str, str, Any]] = []
+        self.dynamic_model = False  # /info as for eve 1.x's defineDynamic model (D1): no id, no window
+        self.headers: list[tuple[str, str, dict[str, str]]] = []  # (method, path, its x-iva-* headers), every request
         self.not_ready_sends = 0
         self.cut_streams = 0
         self.cut_after = 3
@@ -603,6 +605,14 @@ class FakeEve:
     def sends(self) -> list[dict[str, Any]]:
         return [b for m, p, b in self.requests if m == "POST" and p.count("/") == 4 and b is not None]
 
+    def told(self, route: str = "send") -> list[dict[str, str]]:
+        """The x-iva-* headers (D2) of every request to ``route``: ``create`` (a new session),
+        ``send`` (a message or answers to a session), or an action's name."""
+        def of(method: str, path: str) -> str:
+            parts = path.strip("/").split("/")  # eve v1 session [id [action]]
+            return "create" if len(parts) == 3 else "send" if len(parts) == 4 else parts[-1]
+        return [h for m, p, h in self.headers if m == "POST" and p.startswith("/eve/v1/session") and of(m, p) == route]
+
     def routes(self, name: str) -> list[str]:
         return [p for m, p, _ in self.requests if p.endswith("/" + name)]
 
@@ -610,6 +620,9 @@ class FakeEve:
 
     @web.middleware
     async def _track(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        # D2: what Iva told the agent's channel with this request (its x-iva-* headers)
+        self.headers.append((request.method, request.path, {k.lower(): v for k, v in request.headers.items()
+                                                             if k.lower().startswith("x-iva-")}))
         response: web.StreamResponse
         if request.path.endswith("/stream"):
             response = await handler(request)
@@ -681,7 +694,9 @@ class FakeEve:
         connections = [{"connectionName": self.mcp_connection, "protocol": "mcp", "url": self.mcp_url,
                         "hasHeaders": False}] if self.mcp_url else []
         eve_version = self.eve_version or (EVE_VERSION_27 if self.stream_version >= 27 else EVE_VERSION_26)
-        return web.json_response({"agent": {"model": {"id": "fake/fake-model", "contextWindowTokens": self.window}},
+        model = {"routing": {"kind": "dynamic"}} if self.dynamic_model else \
+            {"id": "fake/fake-model", "contextWindowTokens": self.window}
+        return web.json_response({"agent": {"model": model},
                                   "connections": connections, "eveVersion": eve_version, "version": 5})
 
     async def _create(self, request: web.Request) -> web.Response:

@@ -4,8 +4,9 @@ the real eve 1.x, so the template cannot rot.
 The files are copied as they are into a fresh eve app laid out like eve-peer's (``app/agent``,
 ``app/package.json``, the packages of an installed eve-peer home reached through symlinks), built
 with ``eve build --skip-sandbox-prewarm`` and served with ``node .output/server/index.mjs`` on a
-free loopback port. The template's own model line stays: eve builds a Gateway model id offline
-(it only warns that the model catalog is unavailable), and health and ``/info`` make no model call.
+free loopback port. The template's own provider stays (AI Gateway ids): eve builds offline (it
+only warns that the model catalog is unavailable: each selection carries its window), and health
+and ``/info`` make no model call. tests/contract/test_template_models.py runs turns on it.
 
 The eve-peer home is ``$IVA_EVE_1X_HOME``, default ``$HOME/.cache/eve-peer-1.0.1`` (made by
 ``EVE_VERSION=1.0.1 ../shared/eve-peer/setup.sh``, which ``scripts/test`` runs).
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -82,10 +82,11 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def test_the_example_agent_builds_and_serves_info_to_iva_on_eve_1x(tmp_path: Path) -> None:
-    """V7: the template builds on eve 1.x unchanged; the built server is healthy; ``/info``
+    """V7: the template builds on eve 1.x unchanged (its dynamic definitions: the notebook
+    connection and the per-turn tools); the built server is healthy; ``/info``
     answers Iva's bearer (a ``service`` principal; the token given to the server only, not to the
-    build) with the window the template was built for, the
-    template's model, the notebook connection and the push schedule, and refuses anyone else;
+    build) with a model chosen per turn (D1: no model id, no window), the notebook connection,
+    the per-turn tools and the push schedule, and refuses anyone else;
     the compiled agent carries ``compaction.threshold`` = min(0.75, 137 500 / window) and a
     ``limits.sessionUsage``."""
     if os.environ.get("IVA_SKIP_REAL_EVE") == "1":
@@ -110,6 +111,10 @@ def test_the_example_agent_builds_and_serves_info_to_iva_on_eve_1x(tmp_path: Pat
     compaction = manifest["config"]["compaction"]  # eve 1.0.1 stores the fraction under its old name
     assert compaction.get("threshold", compaction.get("thresholdPercent")) == pytest.approx(min(0.75, 137_500 / WINDOW))
     assert manifest["config"]["limits"].get("sessionUsage"), manifest["config"]["limits"]
+    # D4: the notebook connection and the tools are dynamic (none for the rebuild's turn); /info
+    # lists a dynamic definition only once a turn ran it.
+    dynamic = {(d["kind"], d["logicalPath"]) for d in manifest["definitions"]}
+    assert dynamic == {("connection", "connections/notebook.ts"), ("tool", "tools/everyday.ts")}, dynamic
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -137,13 +142,11 @@ def test_the_example_agent_builds_and_serves_info_to_iva_on_eve_1x(tmp_path: Pat
         info = httpx.get(f"{url}/eve/v1/info", headers={"authorization": f"Bearer {TOKEN}"}, timeout=10)
         assert info.status_code == 200, info.text[:2000]
         body = info.json()
-        model_line = re.search(r'^\s*model: "([^"]+)"', (TEMPLATE / "agent.ts").read_text(), re.MULTILINE)
-        assert model_line is not None, "examples/eve-agent/agent.ts has no `model: \"…\"` line"
-        assert body["agent"]["model"]["id"] == model_line.group(1)
-        assert body["agent"]["model"]["contextWindowTokens"] == WINDOW
-        text = json.dumps(body)
-        assert "notebook" in text and NOTEBOOK_URL in text, "the notebook connection is not in /info"
-        assert "morning-brief" in text, "the push schedule is not in /info"
+        # D1: the model is chosen per turn (agent.ts's defineDynamic): /info names no model id and no
+        # window (each selection carries its own; Iva takes the windows from IVA_MODELS).
+        model = body["agent"]["model"]
+        assert model.get("routing", {}).get("kind") == "dynamic" and "contextWindowTokens" not in model, model
+        assert "morning-brief" in json.dumps(body), "the push schedule is not in /info"
 
         for headers in ({}, {"authorization": "Bearer not-the-token"}, {"authorization": TOKEN}):
             refused = httpx.get(f"{url}/eve/v1/info", headers=headers, timeout=10)

@@ -2,7 +2,7 @@
 
 The layers, from the top (an import may only go down, or stay inside its own package):
 ``cli`` → ``app`` → ``web`` → ``intake`` → ``chat`` → the domain (``notebook``, ``push``,
-``people``) → ``telegram`` → ``storage`` → the base (config, log, metrics, systemd, backoff, …)."""
+``people``, ``models``) → ``telegram`` → ``storage`` → the base (config, log, metrics, systemd, backoff, …)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ STATE_FIELDS = (
     "compact_phase", "compact_cancel", "compact_notified", "after_pending", "after_report", "waiting_input",
     "owner_turn", "compact_failures", "compact_retry_at",
 )
-STORAGE = {"storage/store.py", "storage/pushes.py", "storage/stranded.py", "notebook/service.py"}  # the only bridge modules with SQL (and diskqueue)
+STORAGE = {"storage/store.py", "storage/pushes.py", "storage/models.py", "storage/stranded.py",
+           "notebook/service.py"}  # the only bridge modules with SQL (and diskqueue)
 
 
 def _modules() -> dict[str, str]:
@@ -83,7 +84,7 @@ def _imports(name: str, text: str) -> set[str]:
 
 
 LAYERS = (  # from the bottom; a module not named here is of the base layer (which may import itself)
-    ("storage",), ("telegram",), ("notebook", "push", "people"), ("chat",), ("intake",), ("web",), ("app",),
+    ("storage",), ("telegram",), ("notebook", "push", "people", "models"), ("chat",), ("intake",), ("web",), ("app",),
     ("cli",), ("__main__",),
 )
 

@@ -52,6 +52,25 @@ async def test_check_warns_when_parking_would_not_come_before_eves_safety_net(tg
     assert "warn" not in out
 
 
+async def test_check_shows_each_allowed_model_and_whether_the_agent_chooses_per_turn(tg, fake_eve, monkeypatch, capsys):
+    """D1, D3: each model of IVA_MODELS with its window and parking threshold; an agent with one
+    fixed model is warned about (the choices would not reach it); the template's dynamic agent,
+    whose /info names no model and lists its dynamic connection only after a turn, is not."""
+    env = check_env(tg, fake_eve.url, fake_eve.token, IVA_MODELS="fast=a/fast:128000,big=b/big:1000000",
+                    IVA_NOTES_MODEL="fast")
+    code, out = await iva_check_in_process(monkeypatch, capsys, env)
+    assert code == 0, out
+    assert "ok   model fast: a/fast, window 128000, parking threshold 76800 (the default) (the notebook's" in out
+    assert "ok   model big: b/big, window 1000000, parking threshold 110000" in out
+    assert "warn IVA_MODELS is set, but eve's agent answers on one fixed model (fake/fake-model)" in out
+    fake_eve.dynamic_model = True
+    code, out = await iva_check_in_process(monkeypatch, capsys, env)
+    assert code == 0 and "fixed model" not in out and "no connection named" not in out, out
+    assert "note notebook: eve's agent chooses its definitions per turn" in out
+    code, out = await iva_check_in_process(monkeypatch, capsys, check_env(tg, fake_eve.url, fake_eve.token))
+    assert "warn eve's agent chooses its model per turn and names no window: set IVA_MODELS" in out
+
+
 async def test_check_warns_when_the_agent_cannot_reach_the_notebook(tg, fake_eve, monkeypatch, capsys):
     """N3: without eve's MCP connection to Iva's /mcp the model cannot write notes; say so."""
     code, out = await iva_check_in_process(monkeypatch, capsys, check_env(tg, fake_eve.url, fake_eve.token))

@@ -269,3 +269,24 @@ def test_every_error_the_bridge_defines_has_one_root() -> None:
                 assert issubclass(obj, BridgeError), name
                 assert re.search(rf"\b{name}\b", errors.__doc__ or ""), name  # drawn in the tree
     assert len(public) > 10
+
+
+async def test_a_callers_headers_ride_with_create_send_and_answers_never_in_the_body():
+    """D2: the caller's own headers go with that request only, beside the bearer; the bodies stay
+    what eve 1.x accepts (it answers 400 to an unknown field)."""
+    seen: list[tuple[str, dict[str, str], dict[str, object]]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, {k: v for k, v in request.headers.items() if k.startswith("x-iva-")},
+                     json.loads(request.content or b"{}")))
+        assert request.headers["authorization"] == "Bearer t"
+        return httpx.Response(202, json={"ok": True, "sessionId": "s1", "deliveryId": "d1"})
+
+    mine = {"x-iva-model": "a/b", "x-iva-turn": "rebuild"}
+    async with _client(handler) as client:
+        await client.create_session("hi", headers=mine)
+        await client.send("s1", "again", headers={"x-iva-turn": "person"})
+        await client.respond("s1", [eve.Answer("q1", option_id="yes")], headers={"x-iva-role": "owner"})
+        await client.send("s1", "plain")
+    assert [h for _, h, _ in seen] == [mine, {"x-iva-turn": "person"}, {"x-iva-role": "owner"}, {}]
+    assert all(not any(k.startswith("x-iva") or k == "headers" for k in body) for _, _, body in seen)

@@ -25,9 +25,10 @@ async def park(p: Period, *, measurement: int | None, first: int | None, announc
     ``announced``: a compaction released before the turn was announced during it (C6)."""
     s = p.s
     claim = p.owned()
+    threshold = await s.threshold(p.address)  # D3: the chat's model's, as it is now
     async with s.store.db.transaction():
         parked = await s.transitions.park(
-            p.address, claim, cursor=p.cursor, measurement=measurement, threshold=s.threshold(),
+            p.address, claim, cursor=p.cursor, measurement=measurement, threshold=threshold,
             may_compact=not s.requests.outstanding(p.address), announced=announced, first=first,
         )
         await p.spend.commit(s.store, p.address)
@@ -39,7 +40,7 @@ async def park(p: Period, *, measurement: int | None, first: int | None, announc
                                  before=number(parked.after_before)))
     METRICS.turns.labels(outcome="completed").inc()
     logger.info("turn_finished", measurement=measurement, messages=len(parked.inflight),
-                threshold=s.threshold(), compacting=parked.compaction_claim is not None,
+                threshold=threshold, compacting=parked.compaction_claim is not None,
                 **parked.decision.updates)
     if parked.after_before is not None:
         await s.outbox.flush(p.address)

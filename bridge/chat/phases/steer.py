@@ -13,7 +13,7 @@ import eve_client as eve
 from ... import log
 from ...storage.payloads import InputAnswer, QueuedMessage, decode
 from ...storage.store import Chat
-from ..delivery import Lost, Unheard, send
+from ..delivery import Lost, Unheard, caller, send
 from ..endings import SessionLost, gone, say_unheard
 from ..transitions import Settling, steer_claim
 from .base import Ended, Period
@@ -77,11 +77,10 @@ async def steer(p: Period, chat: Chat, *, answers_only: bool = False) -> Steered
     taken = 0
     if answers:
         ids = [m.id for m in answers]
+        pressed = [a for a in (decode(m.payload) for m in answers) if isinstance(a, InputAnswer)]
         try:
-            await s.eve.respond(p.session, [
-                eve.Answer(a.request_id, option_id=a.option_id)
-                for a in (decode(m.payload) for m in answers) if isinstance(a, InputAnswer)
-            ])
+            await s.eve.respond(p.session, [eve.Answer(a.request_id, option_id=a.option_id) for a in pressed],
+                                headers=(await caller(s, p.address, pressed)).headers())  # D2
         except eve.SessionGone as exc:
             await s.transitions.steer_returned(p.address, claim, ids)
             return Ended(gone(SessionLost(str(exc)), exc))

@@ -9,9 +9,18 @@
 // "runtime", or what localDev() admits on `eve dev`) and answers anyone else 403 info_forbidden.
 // With another principal type Iva says so, and the window must then come from IVA_CONTEXT_WINDOW.
 // localDev() admits requests only on `eve dev`, never on a built server.
+//
+// Per request (D2), once the bearer is Iva's, the x-iva-* headers (the chat's model, the chat,
+// the speaker, their role, the turn's kind; lib/iva.ts) become the caller's attributes
+// ("iva.model", ...), which the dynamic model, tools and connection read through lib/iva.ts's
+// iva(ctx). A request without Iva's bearer never gets that far: its headers are never read.
+// The principal stays "iva" whoever speaks: eve lets only the running turn's own caller join it,
+// so a person per principal would stop Iva's steering of a busy group chat; per-person features
+// key on the "iva.speaker" attribute instead (docs/security.md).
 import { createHash, timingSafeEqual } from "node:crypto";
 import { localDev, withAuthChallenges, type AuthFn } from "eve/channels/auth";
 import { eveChannel } from "eve/channels/eve";
+import { IVA_AUTHENTICATOR, ivaAttributes } from "../lib/iva";
 
 const digest = (value: string) => createHash("sha256").update(value).digest();
 
@@ -21,8 +30,8 @@ const iva: AuthFn<Request> = withAuthChallenges(
     const header = request.headers.get("authorization") ?? "";
     if (!token || !timingSafeEqual(digest(header), digest(`Bearer ${token}`))) return null;
     return {
-      attributes: {},
-      authenticator: "iva-bearer",
+      attributes: ivaAttributes(request),
+      authenticator: IVA_AUTHENTICATOR,
       principalId: "iva",
       principalType: "service",
     };
