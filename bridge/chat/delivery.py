@@ -20,7 +20,7 @@ from ..storage.address import Address
 from ..storage.payloads import InputAnswer, PushedTurn, Queued, QueuedMessage, decode
 from ..telegram.texts import t
 from .compose import Composed, compose, hear
-from .endings import say_unheard
+from .endings import eve_upgraded, say_unheard
 from .services import Services
 from .transcribe import Transcriber
 
@@ -77,6 +77,8 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
                 if attempt == 2 or policy == "steer":
                     raise Lost(str(exc)) from exc
                 logger.warning("eve_session_replaced", reason=str(exc))
+                if isinstance(exc, eve.SessionStranded):
+                    await eve_upgraded(s)
                 # V5: a session another eve built (an upgrade) — the new one tells the person
                 await s.transitions.session_dropped(address, claim, upgraded=isinstance(exc, eve.SessionStranded))
                 continue

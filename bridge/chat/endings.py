@@ -15,7 +15,7 @@ from ..storage.payloads import Kind, Origin, QueuedMessage, decode
 from ..telegram.texts import t
 from .services import Services
 
-__all__ = ["NotHeard", "Outcome", "Refused", "SessionLost", "end", "gone", "say_unheard"]
+__all__ = ["NotHeard", "Outcome", "Refused", "SessionLost", "end", "eve_upgraded", "gone", "say_unheard"]
 
 logger = log.get("bridge.chat")
 
@@ -49,6 +49,20 @@ class NotHeard:
 
 
 Outcome = SessionLost | Refused | NotHeard
+
+
+async def eve_upgraded(s: Services) -> None:
+    """eve was upgraded under a session (V5): its version asked again, for `iva status` and `iva
+    sessions` (the bridge may have run through the upgrade; a token that cannot read /info leaves
+    it to the next new session's first event)."""
+    try:
+        info = await s.eve.info()
+    except eve.EveError as exc:
+        logger.info("eve_version_not_read", error=str(exc))
+        return
+    if info.eve_version:
+        await s.store.set_meta("eve_version", info.eve_version)
+        logger.info("eve_version_learned", version=info.eve_version)
 
 
 def gone(outcome: Outcome, error: BaseException) -> Outcome:
@@ -101,6 +115,8 @@ async def end(s: Services, address: str, claim: str | None, outcome: Outcome) ->
 
 async def _lost(s: Services, address: str, claim: str | None, outcome: SessionLost) -> None:
     answered = outcome.answered
+    if outcome.upgraded:
+        await eve_upgraded(s)
     async with s.store.db.transaction():
         # V5: an upgrade is told once — by the next new session (a compaction, a pushed turn's
         # own line), or here, in the one line of a person's turn it cut

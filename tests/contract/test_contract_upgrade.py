@@ -130,6 +130,7 @@ async def test_an_eve_upgrade_answers_every_message_once_or_says_so(tmp_path: Pa
         for address in (str(OWNER), str(FRIEND), str(GROUP)):
             chat = h.maybe_chat(address)
             assert chat is not None and not chat.busy and chat.session_eve == "1.0.1", (address, chat)
+        assert [r[0] for r in h.observe("SELECT value FROM iva_meta WHERE key = 'eve_version'")] == ["1.0.1"]
         # the notebook: intact in Iva, and in the new conversation's first owner turn
         await tg.message("a4 the note?", user_id=OWNER)
         owner = await _until_text(tg, OWNER, "echo: a4 the note?")
