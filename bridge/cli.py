@@ -53,6 +53,9 @@ async def _check(settings: Settings) -> int:
         print(f"ok   telegram: @{me.username} (id {me.id}) at {settings.telegram_api_url}")
         if not settings.owner_ids and (note := pairing_note(settings.db_path, os.environ, username=me.username)):
             print(f"note {note}")
+            # V6: nobody could let the assistant go on past eve's session budget
+            warnings.append("the bot has no owner yet: eve's budget prompts (the agent's limits.sessionUsage) go to "
+                            "the owners alone, so until one pairs such a prompt is given up after IVA_BUSY_TIMEOUT")
     except TelegramUnauthorizedError:
         problems.append("telegram: the bot token was rejected (IVA_TELEGRAM_TOKEN)")
     except TelegramNetworkError as exc:

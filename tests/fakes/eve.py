@@ -240,7 +240,8 @@ class Projection:
 
     def _on_session_started(self, at: str, data: dict[str, Any], deliveries: list[str],
                             admits: list[dict[str, Any]]) -> None:
-        runtime = {**(data.get("runtime") or {}), "eveVersion": EVE_VERSION_27}
+        runtime = {**(data.get("runtime") or {})}
+        runtime.setdefault("eveVersion", EVE_VERSION_27)
         self._line(at, _fact("session.started", {"runtime": runtime}), *admits)
 
     def _on_turn_started(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
@@ -1315,8 +1316,11 @@ class FakeEve:
         turn = {"sequence": seq, "turnId": f"turn_{seq}"}
         if not s.started:
             s.started = True
+            # the eve that builds the session names itself (a session keeps it across an upgrade,
+            # PROTOCOL-27.md §11)
+            built_by = self.eve_version or (EVE_VERSION_27 if self.stream_version >= 27 else EVE_VERSION_26)
             await self._emit(s, "session.started", {"runtime": {"agentId": "fake", "agentName": "fake",
-                                                                "eveVersion": "0.80.1"}}, deliveries)
+                                                                "eveVersion": built_by}}, deliveries)
         await self._emit(s, "turn.started", turn, deliveries)
         texts = [item.text]
         await self._emit(s, "message.received", {"message": item.text,

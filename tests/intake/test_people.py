@@ -269,8 +269,10 @@ async def test_iva_run_status_and_check_print_a_link_without_a_user_id(daemon_fa
     status = json.loads(await run("status", "--json"))
     from_status = re.search(pattern, status["pairing"])
     assert from_status is not None and from_status.group(1) != logged.group(1)
-    checked = re.search(pattern, await run("check"))
+    check = await run("check")
+    checked = re.search(pattern, check)
     assert checked is not None and checked.group(1) not in (logged.group(1), from_status.group(1))
+    assert "budget prompts" in check  # V6: nobody yet to let the assistant go on past eve's budget
 
     await start(tg, ANN, from_status.group(1))
     await daemon.settled()
@@ -279,7 +281,8 @@ async def test_iva_run_status_and_check_print_a_link_without_a_user_id(daemon_fa
     await daemon.settled()
     assert tg.texts(BOB) == ["This link does not work: it was used already, or it expired. Ask for a new one."]
     assert json.loads(await run("status", "--json"))["pairing"] is None
-    assert "pairing" not in await run("check")
+    check = await run("check")
+    assert "pairing" not in check and "budget prompts" not in check
 
 
 async def test_a_quarantined_database_means_a_new_pairing_link(in_process_factory, tg: FakeTelegram):
