@@ -93,6 +93,19 @@ def _keyboard(rows: Sequence[Sequence[Mapping[str, str]]] | None) -> InlineKeybo
     ])
 
 
+def _delivered_anyway(exc: ClientDecodeError, chat_id: int) -> int | None:
+    """F3: ``ok`` means delivered, even when the rest of the answer cannot be read (a proxy, a
+    newer Bot API, an emulator): its message id (0 when unreadable), to record it and never send
+    it again; None when Telegram did not say ok."""
+    data = exc.data
+    if not (isinstance(data, dict) and data.get("ok") is True):
+        return None
+    result = data.get("result")
+    message_id = result.get("message_id") if isinstance(result, dict) else None
+    logger.warning("telegram_answer_undecodable_but_ok", chat_id=chat_id, error=undecodable(exc))
+    return message_id if isinstance(message_id, int) else 0
+
+
 class Sender:
     def __init__(self, bot: Bot, store: Store, *, written_before: int) -> None:
         """``written_before``: the outbox's last id when this process started (the store's
@@ -187,14 +200,8 @@ class Sender:
                 )
                 return message.message_id, chat_id
             except ClientDecodeError as exc:
-                data = exc.data
-                if isinstance(data, dict) and data.get("ok") is True:
-                    # F3: ok means delivered, even when the rest of the answer cannot be read
-                    # (a proxy, a newer Bot API, an emulator): record it, never send it again.
-                    result = data.get("result")
-                    message_id = result.get("message_id") if isinstance(result, dict) else None
-                    logger.warning("telegram_answer_undecodable_but_ok", chat_id=chat_id, error=undecodable(exc))
-                    return (message_id if isinstance(message_id, int) else 0), chat_id
+                if (delivered := _delivered_anyway(exc, chat_id)) is not None:
+                    return delivered, chat_id
                 METRICS.telegram_retries.labels(reason="undecodable").inc()
                 delay = backoff.TELEGRAM.delay(attempt)
                 attempt += 1

@@ -78,10 +78,12 @@ async def test_a_compaction_cut_by_an_upgrade_is_told_by_the_next_answer(tmp_pat
     fake_eve.stream_version = 27  # eve upgraded while Iva was down
     await h.start()
     try:
-        await h.settled(30)
+        # the old session's summary is still being written at the fake eve: nobody waits on it
+        await h.settled(30, eve_quiet=False)
         assert tg.texts() == ["echo: big"]  # an automatic compaction cut: nothing to say yet
         await tg.message("after", user_id=OWNER)
-        await h.settled(30)
+        await h.until(lambda: "echo: after" in tg.texts(), 30, "the answer in a new session")
+        await h.settled(30, eve_quiet=False)
         assert tg.texts()[1:] == [t("eve_upgraded", "en"), "echo: after"]
         await tg.message("and again", user_id=OWNER)
         await h.settled()

@@ -193,8 +193,45 @@ class TurnPhase(Phase):
     # -- the turn's events ---------------------------------------------------------------------
 
     async def on_event(self, event: eve.Event) -> Phase | Ended | None:
-        p, s, chat, tr = self.p, self.p.s, self.chat, self.p.s.transitions
-        claim = p.owned()
+        claim = self.p.owned()
+        await self._match_unrecorded(event, claim)
+        match event:
+            case eve.TextDelta():
+                self.reply.delta(event, self.stop)
+            case eve.ToolCalled():
+                self.reply.tool(event, self.stop)
+            case eve.TextDone():
+                self.stop = await self.reply.done(event, claim, self.stop)
+            case eve.TurnBegan() | eve.RunBegan():
+                await self._began(event)
+            case eve.UsageRecorded():
+                if event.usage.input_tokens is not None and not event.context:
+                    # seed 004 on eve 1.x: the turn's own model calls, never a compaction's summary
+                    self.measurement = event.usage.input_tokens
+                    self.first_measurement = self.first_measurement or event.usage.input_tokens
+                self.p.spend.add(event.usage)
+            case eve.ContextStarted(kind="compaction") | eve.ContextSettled(kind="compaction"):
+                await self._context(event, claim)
+            case eve.QuestionOpened():
+                if not await self._question(event, claim):
+                    return None
+            case eve.TurnPaused():
+                await self._paused(claim)
+            case eve.QuestionSettled():
+                await self.p.s.store.close_prompts(self.p.session, event.ids)
+                self.budget = self.budget and await self.p.s.store.owners_prompt_open(self.p.session)
+            case eve.TurnEnded(outcome="failed"):
+                await self._failed(event, claim)
+            case eve.TurnEnded(outcome="cancelled") if self.budget_asked and not self.stop:
+                # V6: an owner pressed Stop on the budget prompt: eve cancels the turn, and the
+                # person it was for hears why it ends without an answer.
+                await self._say(event, claim, f"budget-stopped:{event.key}", t("budget_stopped", self.chat.lang))
+        return await self._after(event, claim)
+
+    async def _match_unrecorded(self, event: eve.Event, claim: str) -> None:
+        """F4: a turn of ours eve began, where our record lacks it (an ambiguous send on eve 0.80,
+        or a steer's): recorded as this turn's; with no sign of it, a grace on eve's idle."""
+        p, tr = self.p, self.p.s.transitions
         if isinstance(event, eve.TurnBegan | eve.InputTaken) and event.deliveries:
             if self.pending is None:
                 # Our send's answer was lost (an ambiguous send, F4), so no delivery is on the
@@ -213,100 +250,98 @@ class TurnPhase(Phase):
             # Our send's answer was lost and eve has shown no turn of it yet: it may be queued behind
             # what eve runs (a compaction: its turn starts right after eve is idle, PROTOCOL.md §5).
             # Idle with no turn for a moment: eve never had it.
-            grace = s.settings.eve_grace
+            grace = p.s.settings.eve_grace
             self.unsent_grace = p.clock.now() + grace if isinstance(event, eve.Idle) else None
-        match event:
-            case eve.TextDelta():
-                self.reply.delta(event, self.stop)
-            case eve.ToolCalled():
-                self.reply.tool(event, self.stop)
-            case eve.TextDone():
-                self.stop = await self.reply.done(event, claim, self.stop)
-            case eve.TurnBegan() | eve.RunBegan():
-                if isinstance(event, eve.TurnBegan):
-                    self.turn_id = event.turn_id or self.turn_id
-                    if self.stage in (Stage.SENT, Stage.ENDED):
-                        self.stage = Stage.RUNNING
-                    if self.stop:
-                        await self._stop()  # stopped before eve began it: cancel it by its id now
-                if p.typing is not None and not self.stop:
-                    p.typing.start()
-            case eve.UsageRecorded():
-                usage = event.usage
-                if usage.input_tokens is not None and not event.context:
-                    # seed 004 on eve 1.x: the turn's own model calls, never a compaction's summary
-                    self.measurement = usage.input_tokens
-                    self.first_measurement = self.first_measurement or usage.input_tokens
-                p.spend.add(usage)
-            case eve.ContextStarted(kind="compaction", in_turn=False) if self.late is Late.OUTSTANDING and \
-                    self.stage in (Stage.SENT, Stage.ENDED):
-                # C6: the compaction released before this turn, announced now; our message waits
-                # behind it at eve: the person hears the C3 notice.
-                self.late = Late.ANNOUNCED
-                logger.info("compaction_announced_late", estimate=event.estimate)
-                await self.reply.end_draft()
-                async with s.store.db.transaction():
-                    await s.outbox.say(chat, f"c3:{event.key}", t("compacting_notice", chat.lang))
-                    await tr.advance(p.address, claim, p.cursor)
-                await s.outbox.flush(p.address)
-            case eve.ContextStarted(kind="compaction"):
-                logger.info("eve_in_turn_compaction", estimate=event.estimate)  # eve's, not ours
-            case eve.ContextSettled(kind="compaction") if event.ok:
+
+    async def _began(self, event: eve.TurnBegan | eve.RunBegan) -> None:
+        p = self.p
+        if isinstance(event, eve.TurnBegan):
+            self.turn_id = event.turn_id or self.turn_id
+            if self.stage in (Stage.SENT, Stage.ENDED):
+                self.stage = Stage.RUNNING
+            if self.stop:
+                await self._stop()  # stopped before eve began it: cancel it by its id now
+        if p.typing is not None and not self.stop:
+            p.typing.start()
+
+    async def _context(self, event: eve.ContextStarted | eve.ContextSettled, claim: str) -> None:
+        """A compaction eve announces: a released one of ours (C6, announced late), or its own."""
+        p, tr = self.p, self.p.s.transitions
+        if isinstance(event, eve.ContextSettled):
+            if event.ok:
                 await tr.in_turn_compacted(p.address, claim, p.cursor)
-            case eve.QuestionOpened():
-                await self.reply.end_draft()
-                shown = await prompts.show(p, chat, event, claim)
-                self.asked.add(event.key)
-                if shown.unknown is not None:
-                    # V6: a kind Iva cannot show is said in one line and the turn stopped, never
-                    # a silent wait on something nobody sees.
-                    logger.warning("eve_question_kind_unknown", kind=shown.unknown)
-                    if await tr.want_stop(p.address) is not None:
-                        async with s.store.db.transaction():
-                            await s.outbox.say(chat, f"unknown-kind:{event.key}",
-                                               t("input_unknown_kind", chat.lang, kind=shown.unknown[:40]))
-                        await s.outbox.flush(p.address)
-                    await self._stop()
-                    return None
-                self.answerable = shown.answerable
-                self.budget = shown.budget
-                self.budget_asked |= shown.budget
-            case eve.TurnPaused():
-                # T5: the turn cannot end until the person answers; their next message goes at once.
-                self.stage = Stage.ASKING
-                if self.pending is not None:
-                    self.pending.clear()  # eve has them all: the turn ends them when it ends
-                await tr.waiting_on_person(p.address, claim, waiting=True, cursor=p.cursor)
-                await p.stop_typing()
-                if p.slot is not None:
-                    p.slot.give_back()  # F5: other chats' turns go on meanwhile
-            case eve.QuestionSettled():
-                await s.store.close_prompts(p.session, event.ids)
-                self.budget = self.budget and await s.store.owners_prompt_open(p.session)
-            case eve.TurnEnded(outcome="failed"):
-                code = event.code or "error"
-                logger.warning("eve_turn_failed", code=code, error=event.message[:300])
-                METRICS.turns.labels(outcome="failed").inc()
-                await self.reply.end_draft()
-                async with s.store.db.transaction():
-                    await s.outbox.say(chat, f"failed:{event.key}", await pushed.turn_failed(s.queue, chat, code)
-                                       or t("turn_failed", chat.lang, reason=code))  # W4
-                    await tr.advance(p.address, claim, p.cursor)
-                    await p.spend.commit(s.store, p.address)
-                await s.outbox.flush(p.address)
-            case eve.TurnEnded(outcome="cancelled") if self.budget_asked and not self.stop:
-                # V6: an owner pressed Stop on the budget prompt: eve cancels the turn, and the
-                # person it was for hears why it ends without an answer.
-                async with s.store.db.transaction():
-                    await s.outbox.say(chat, f"budget-stopped:{event.key}", t("budget_stopped", chat.lang))
-                    await tr.advance(p.address, claim, p.cursor)
-                await s.outbox.flush(p.address)
+        elif not event.in_turn and self.late is Late.OUTSTANDING and self.stage in (Stage.SENT, Stage.ENDED):
+            # C6: the compaction released before this turn, announced now; our message waits
+            # behind it at eve: the person hears the C3 notice.
+            self.late = Late.ANNOUNCED
+            logger.info("compaction_announced_late", estimate=event.estimate)
+            await self.reply.end_draft()
+            await self._say(event, claim, f"c3:{event.key}", t("compacting_notice", self.chat.lang))
+        else:
+            logger.info("eve_in_turn_compaction", estimate=event.estimate)  # eve's, not ours
+
+    async def _question(self, event: eve.QuestionOpened, claim: str) -> bool:
+        """T5, V6: shown as its kind needs. False when the turn was stopped instead (a kind Iva
+        cannot show is said in one line, never a silent wait on something nobody sees)."""
+        p, chat = self.p, self.chat
+        await self.reply.end_draft()
+        shown = await prompts.show(p, chat, event, claim)
+        self.asked.add(event.key)
+        if shown.unknown is not None:
+            logger.warning("eve_question_kind_unknown", kind=shown.unknown)
+            if await p.s.transitions.want_stop(p.address) is not None:
+                async with p.s.store.db.transaction():
+                    await p.s.outbox.say(chat, f"unknown-kind:{event.key}",
+                                         t("input_unknown_kind", chat.lang, kind=shown.unknown[:40]))
+                await p.s.outbox.flush(p.address)
+            await self._stop()
+            return False
+        self.answerable = shown.answerable
+        self.budget = shown.budget
+        self.budget_asked |= shown.budget
+        return True
+
+    async def _paused(self, claim: str) -> None:
+        """T5: the turn cannot end until the person answers; their next message goes at once."""
+        p = self.p
+        self.stage = Stage.ASKING
+        if self.pending is not None:
+            self.pending.clear()  # eve has them all: the turn ends them when it ends
+        await p.s.transitions.waiting_on_person(p.address, claim, waiting=True, cursor=p.cursor)
+        await p.stop_typing()
+        if p.slot is not None:
+            p.slot.give_back()  # F5: other chats' turns go on meanwhile
+
+    async def _failed(self, event: eve.TurnEnded, claim: str) -> None:
+        p, s, chat = self.p, self.p.s, self.chat
+        code = event.code or "error"
+        logger.warning("eve_turn_failed", code=code, error=event.message[:300])
+        METRICS.turns.labels(outcome="failed").inc()
+        await self.reply.end_draft()
+        async with s.store.db.transaction():
+            await s.outbox.say(chat, f"failed:{event.key}", await pushed.turn_failed(s.queue, chat, code)
+                               or t("turn_failed", chat.lang, reason=code))  # W4
+            await s.transitions.advance(p.address, claim, p.cursor)
+            await p.spend.commit(s.store, p.address)
+        await s.outbox.flush(p.address)
+
+    async def _say(self, event: eve.Event, claim: str, key: str, text: str) -> None:
+        """One line to the chat, committed with the cursor past ``event``."""
+        p, s = self.p, self.p.s
+        async with s.store.db.transaction():
+            await s.outbox.say(self.chat, key, text)
+            await s.transitions.advance(p.address, claim, p.cursor)
+        await s.outbox.flush(p.address)
+
+    async def _after(self, event: eve.Event, claim: str) -> Phase | Ended | None:
+        """What every event may move: a question answered, the turn's end, eve idle after it."""
+        p, s = self.p, self.p.s
         ended = isinstance(event, eve.TurnEnded)
         if self.stage in (Stage.ASKING, Stage.ANSWERED) and (isinstance(event, eve.RunBegan | eve.QuestionSettled)
                                                              or ended):
             self.stage = Stage.RUNNING
             p.moved()
-            await tr.waiting_on_person(p.address, claim, waiting=False)
+            await s.transitions.waiting_on_person(p.address, claim, waiting=False)
             if p.slot is not None and not ended:
                 await p.slot.retake()
         if isinstance(event, eve.TurnEnded):
