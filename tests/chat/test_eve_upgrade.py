@@ -86,7 +86,8 @@ async def test_a_compaction_cut_by_an_upgrade_is_told_by_the_next_answer(tmp_pat
         await h.settled(30, eve_quiet=False)
         assert tg.texts()[1:] == [t("eve_upgraded", "en"), "echo: after"]
         await tg.message("and again", user_id=OWNER)
-        await h.settled()
+        await h.until(lambda: "echo: and again" in tg.texts(), 30, "the next answer")
+        await h.settled(30, eve_quiet=False)
         assert tg.texts()[3:] == ["echo: and again"]
     finally:
         await h.stop()
