@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import mimetypes
 import sqlite3
 import time
@@ -298,25 +297,25 @@ class Ingest:
                 return "ignored"
             prompt = await self.store.prompt(button.prompt_id)
             where = query.message.chat.id if query.message is not None else None
-            if prompt is None or (prompt["chat_id"] is not None and prompt["chat_id"] != where):
+            if prompt is None or (prompt.chat_id is not None and prompt.chat_id != where):
                 logger.warning("callback_foreign_prompt", user_id=query.from_user.id, chat_id=where)
                 note = t("input_closed", lang)
                 return "refused"
             user = query.from_user.id
-            if not await self.s.people.is_owner(user) and not askers.may_answer(json.loads(prompt["askers"] or "[]"), user) \
-                    and prompt["chat_id"] is not None:
+            if not await self.s.people.is_owner(user) and not askers.may_answer(prompt.askers, user) \
+                    and prompt.chat_id is not None:
                 note = t("input_not_yours", lang)
                 return "refused"
-            if prompt["state"] != "open":
+            if prompt.state != "open":
                 note = t("input_closed", lang)
                 return "closed"
-            option = str(json.loads(prompt["options"])[button.index])
+            option = str(prompt.options[button.index])
             message_id = query.message.message_id if query.message is not None else 0
-            answer = InputAnswer(request_id=str(prompt["request_id"]), option_id=option, message_id=message_id,
+            answer = InputAnswer(request_id=prompt.request_id, option_id=option, message_id=message_id,
                                  user_id=query.from_user.id)
-            row = await self.queue.enqueue(prompt["address"], answer.to_payload(), dedupe_key=f"cb:{query.id}")
+            row = await self.queue.enqueue(prompt.address, answer.to_payload(), dedupe_key=f"cb:{query.id}")
             if row is not None:
-                self.wake(prompt["address"])
+                self.wake(prompt.address)
             note = "✓"
             return outcome
         except (ValueError, IndexError):

@@ -107,7 +107,7 @@ async def test_status_uses_iva_state_dir_and_names_a_missing_database(tmp_path: 
 def test_status_on_a_database_not_migrated_yet_says_one_line(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     """An operator runs `iva status` after an upgrade, before the daemon's first start migrated
     the database: one line naming the schema and what to do, never a traceback (review)."""
-    from bridge.storage.store import _MIGRATIONS
+    from bridge.storage.schema import _MIGRATIONS
     from diskqueue._queue import _SCHEMA
 
     db = tmp_path / "iva.sqlite3"
