@@ -33,6 +33,7 @@ from ..chat.worker import Scheduler
 from ..clock import CLOCK
 from ..metrics import METRICS
 from ..people import Role
+from ..storage.marks import AlbumHeld, AlbumMark, RefusedMark, StopMark, remember
 from ..storage.payloads import (
     Attachment,
     InputAnswer,
@@ -268,8 +269,7 @@ class Ingest:
         if await self.store.chat(str(address)) is None:
             address = Address(stopped.chat.id)
         async with self.store.db.transaction():
-            if not await self.queue.remember(str(address), {"kind": "stop"},
-                                             dedupe_key=f"stop:{update.update_id}"):
+            if not await remember(self.queue, address, StopMark(), dedupe_key=f"stop:{update.update_id}"):
                 return "duplicate"
             # A press on a draft of a turn that is over (it crossed the answer) stops nothing.
             chat = await self.transitions.want_stop(str(address), draft=stopped.draft_id)
@@ -376,11 +376,10 @@ class Ingest:
             assert album is not None
             # Held: what it will be once the album is ours — a part, or the one line refusing it
             # (a video in the album is refused then, never dropped without a word).
-            held = ({"kind": "album_held", "refusal": prepared} if isinstance(prepared, str)
-                    else {"kind": "album_held", "item": prepared.to_payload()})
+            held = (AlbumHeld(message.message_id, refusal=prepared) if isinstance(prepared, str)
+                    else AlbumHeld(message.message_id, item=prepared.to_payload()))
             async with self.store.db.transaction():
-                await self.queue.remember(str(address), {**held, "message_id": message.message_id},
-                                          dedupe_key=f"{album}:held:{message.message_id}")
+                await remember(self.queue, address, held, dedupe_key=f"{album}:held:{message.message_id}")
             return "album_part_held"
         assert not isinstance(prepared, str)
         async with self.store.db.transaction():
@@ -456,18 +455,18 @@ class Ingest:
         their order (each under its own message's key: a redelivery of one of them is a
         duplicate), or refused in one line each. True when a refusal waits in the outbox (the
         caller flushes it after its commit)."""
-        await self.queue.remember(str(address), {"kind": "album"}, dedupe_key=album)
+        await remember(self.queue, address, AlbumMark(), dedupe_key=album)
         refused = False
-        for held in await self.queue.history(album):
-            if held.payload.get("kind") != "album_held" or held.address != str(address) \
-                    or held.payload["message_id"] == but:
+        for row in await self.queue.history(album):
+            held = AlbumHeld.from_payload(row.payload)
+            if held is None or row.address != str(address) or held.message_id == but:
                 continue
-            key = message_key(address.chat_id, held.payload["message_id"])
-            if "item" in held.payload:
-                await self.queue.enqueue(str(address), held.payload["item"], dedupe_key=key)
-            elif await self.queue.remember(str(address), {"kind": "refused"}, dedupe_key=key):
+            key = message_key(address.chat_id, held.message_id)
+            if held.item is not None:
+                await self.queue.enqueue(str(address), held.item, dedupe_key=key)
+            elif await remember(self.queue, address, RefusedMark(), dedupe_key=key):
                 await self.s.outbox.say_to(str(address), address.chat_id, address.thread_id, f"re:{key}",
-                                           str(held.payload["refusal"]), reply_to=held.payload["message_id"])
+                                           str(held.refusal), reply_to=held.message_id)
                 refused = True
         return refused
 
@@ -507,7 +506,7 @@ class Ingest:
 
     async def _refuse(self, address: Address, key: str, message_id: int, refusal: str) -> str:
         async with self.store.db.transaction():
-            fresh = await self.queue.remember(str(address), {"kind": "refused"}, dedupe_key=key)
+            fresh = await remember(self.queue, address, RefusedMark(), dedupe_key=key)
             if fresh:  # the answer on disk with the mark: a crash cannot lose it
                 await self.s.outbox.say_to(str(address), address.chat_id, address.thread_id, f"re:{key}",
                                            refusal, reply_to=message_id)
