@@ -79,8 +79,6 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
                         # V5: eve was upgraded under the session; said once (keyed on the old
                         # session), before the answer the new session gives
                         await s.outbox.say(chat, f"upgraded:{session}", t("eve_upgraded", chat.lang))
-                if isinstance(exc, eve.SessionStranded):
-                    await s.outbox.flush(address)
                 continue
             # The one-shot marks (N6) once the block is with eve: a crash before this shows it again.
             await s.transitions.delivered(address, claim, delivery.delivery_id, marks, steered=steered,
@@ -130,7 +128,6 @@ async def _compose(s: Services, address: str, items: Sequence[Queued],
     if composed.unheard:
         async with s.store.db.transaction():
             await say_unheard(s, address, composed.unheard)
-        await s.outbox.flush(address)
     return composed
 
 

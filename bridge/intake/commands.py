@@ -76,7 +76,6 @@ class Commands:
                 return "duplicate"
             await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
                                   receiver=self._asker(message) if command == "status" else None)
-        s.spawn(s.outbox.flush(addr))
         return "command"
 
     async def reminder_pressed(self, query: CallbackQuery, reminder_id: str, lang: str) -> str:
@@ -105,7 +104,6 @@ class Commands:
                                       reply_to=message.message_id, receiver=self._asker(message))
         if not allowed:
             logger.info("new_refused", user_id=message.from_user.id if message.from_user is not None else 0)
-            s.spawn(s.outbox.flush(addr))
             return "command"
         logger.info("new_requested", dropped=dropped)
         self.scheduler.wake(addr)
@@ -142,7 +140,6 @@ class Commands:
             await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
                                   reply_to=message.message_id, receiver=receiver)
         logger.info("stop_asked", stopped=stopped is not None, user_id=user)
-        s.spawn(s.outbox.flush(addr))
         if stopped is not None:
             self.scheduler.wake(addr)
         return "command"
@@ -188,8 +185,6 @@ class Commands:
                 await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", t(text, lang),
                                       reply_to=message.message_id)
         logger.info("pairing_code_used", user_id=user.id, outcome=str(outcome))
-        if text is not None:
-            s.spawn(s.outbox.flush(addr))
         return f"pairing_{outcome}"
 
     async def _owner_answer(self, message: Message, address: Address, key: str, text: str, *,
@@ -202,7 +197,6 @@ class Commands:
                 return "duplicate"
             await s.store.put_outgoing(addr, f"re:{key}", address.chat_id, address.thread_id, text, format="plain",
                                        reply_to=message.message_id, markup=markup, receiver=self._asker(message))
-        s.spawn(s.outbox.flush(addr))
         return "command"
 
     async def invite(self, message: Message, address: Address, lang: str, key: str) -> str:
@@ -225,7 +219,6 @@ class Commands:
                                        t("invite_link", lang, hours=hours, link=link(username, code)),
                                        format="plain", reply_to=message.message_id)
         logger.info("invite_made", by=message.from_user.id, hours=hours)
-        s.spawn(s.outbox.flush(addr))
         return "command"
 
     async def users(self, message: Message, address: Address, lang: str, key: str) -> str:
@@ -274,7 +267,6 @@ class Commands:
         logger.info("person_removed" if removed else "person_remove_refused", user_id=button.user_id,
                     by=query.from_user.id)
         if removed:
-            s.spawn(s.outbox.flush(addr))
             return "person_removed", "✓"
         return "refused", t("users_gone", lang)
 
@@ -299,7 +291,6 @@ class Commands:
             async with s.store.db.transaction():
                 await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}",
                                       t("topic_failed", lang, reason=exc.message[:200]), markdown=False)
-            s.spawn(s.outbox.flush(addr))
             return "command"
         topic = Address(address.chat_id, opened.message_thread_id)
         async with s.store.db.transaction():
@@ -309,8 +300,6 @@ class Commands:
             await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}",
                                   t("topic_opened", lang, title=title), reply_to=message.message_id, markdown=False)
         logger.info("topic_opened", topic=str(topic))
-        s.spawn(s.outbox.flush(str(topic)))
-        s.spawn(s.outbox.flush(addr))
         return "command"
 
     # -- /compact ---------------------------------------------------------------------------
@@ -352,7 +341,6 @@ class Commands:
                                       reply_to=message.message_id)
         finally:
             self._compacting.discard(addr)
-        s.spawn(s.outbox.flush(addr))
         if captured:
             self.scheduler.wake(addr)
         return "command"
@@ -428,7 +416,6 @@ class Commands:
             else:
                 await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
                                       reply_to=message.message_id, markdown=False, receiver=self._asker(message))
-        s.spawn(s.outbox.flush(addr))
         return "command"
 
     async def _notebook_text(self, addr: str, lang: str) -> str:

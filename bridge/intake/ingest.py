@@ -33,6 +33,7 @@ from ..chat.worker import Scheduler
 from ..clock import CLOCK
 from ..metrics import METRICS
 from ..people import Role
+from ..storage import outbox
 from ..storage.marks import AlbumHeld, AlbumMark, RefusedMark, StopMark, remember
 from ..storage.payloads import (
     Attachment,
@@ -236,6 +237,12 @@ class Ingest:
                 return
 
     async def handle(self, update: Update) -> str:
+        """One update, committed; what its commits write into the outbox is sent in tasks of
+        their own (the update is confirmed without waiting on Telegram)."""
+        with outbox.detached():
+            return await self._handle(update)
+
+    async def _handle(self, update: Update) -> str:
         if update.message is not None:
             return await self.on_message(update.message)
         if update.edited_message is not None:
@@ -384,14 +391,11 @@ class Ingest:
         assert not isinstance(prepared, str)
         async with self.store.db.transaction():
             await self.transitions.touch(str(address), address.chat_id, address.thread_id, lang)
-            refusals = False
             if album is not None and not await self.queue.history(key):
-                refusals = await self._take_album(address, album)  # the parts before it go first, in order
+                await self._take_album(address, album)  # the parts before it go first, in order
             row = await self.queue.enqueue(str(address), prepared.to_payload(), dedupe_key=key)
             notice = await self._notice(address, key, message.message_id, lang) if row is not None else False
             chat = await self.store.chat(str(address))
-        if refusals:
-            self.spawn(self.s.outbox.flush(str(address)))
         if row is None:
             logger.info("update_duplicate_ignored")
             return "duplicate"
@@ -430,7 +434,6 @@ class Ingest:
             key = f"{original}:e{message.edit_date or 0}"
             return await self._refuse(address, key, message.message_id, prepared)
         key = edit_key(message.chat.id, message.message_id, message.edit_date, prepared)
-        refusals = False
         async with self.store.db.transaction():
             await self.transitions.touch(str(address), address.chat_id, address.thread_id, lang)
             outcome, row = await commit_edit(self.queue, self.store, str(address), original=original, key=key,
@@ -439,24 +442,20 @@ class Ingest:
                 # A held part of a group album edited to address the bot: the album is ours now,
                 # with the parts held beside it.
                 album = _album_key(message.chat.id, prepared.album)
-                refusals = await self._take_album(address, album, but=message.message_id)
+                await self._take_album(address, album, but=message.message_id)
             notice = await self._notice(address, key, message.message_id, lang) if row is not None else False
             chat = await self.store.chat(str(address))
-        if refusals:
-            self.spawn(self.s.outbox.flush(str(address)))
         logger.info("message_edited", outcome=str(outcome), queue_id=row)
         if row is not None:
             self._received(address, message.message_id, chat, notice)
         return str(outcome)
 
-    async def _take_album(self, address: Address, album: str, *, but: int | None = None) -> bool:
+    async def _take_album(self, address: Address, album: str, *, but: int | None = None) -> None:
         """Inside the caller's transaction: the album is ours (its mark: its later parts need no
         mention), and the parts of it held before anything of it addressed the bot are queued in
         their order (each under its own message's key: a redelivery of one of them is a
-        duplicate), or refused in one line each. True when a refusal waits in the outbox (the
-        caller flushes it after its commit)."""
+        duplicate), or refused in one line each (sent after the commit)."""
         await remember(self.queue, address, AlbumMark(), dedupe_key=album)
-        refused = False
         for row in await self.queue.history(album):
             held = AlbumHeld.from_payload(row.payload)
             if held is None or row.address != str(address) or held.message_id == but:
@@ -467,8 +466,6 @@ class Ingest:
             elif await remember(self.queue, address, RefusedMark(), dedupe_key=key):
                 await self.s.outbox.say_to(str(address), address.chat_id, address.thread_id, f"re:{key}",
                                            str(held.refusal), reply_to=held.message_id)
-                refused = True
-        return refused
 
     def _prepare(self, message: Message, inbound: Inbound, user: User, lang: str, *,
                  owner: bool) -> QueuedMessage | str:
@@ -510,8 +507,6 @@ class Ingest:
             if fresh:  # the answer on disk with the mark: a crash cannot lose it
                 await self.s.outbox.say_to(str(address), address.chat_id, address.thread_id, f"re:{key}",
                                            refusal, reply_to=message_id)
-        if fresh:
-            self.spawn(self.s.outbox.flush(str(address)))
         return "refused"
 
     async def _notice(self, address: Address, key: str, message_id: int, lang: str) -> bool:
@@ -523,10 +518,9 @@ class Ingest:
         return True
 
     def _received(self, address: Address, message_id: int, chat: Chat | None, notice: bool) -> None:
-        """After the commit: the notice or the receipt, and the chat's worker woken."""
-        if notice:
-            self.spawn(self.s.outbox.flush(str(address)))
-        elif chat is not None and chat.busy and self.settings.turn_policy == "queue" and not chat.waiting_input:
+        """After the commit: the receipt (unless the commit wrote the C3 notice, which it sends), and
+        the chat's worker woken."""
+        if not notice and chat is not None and chat.busy and self.settings.turn_policy == "queue" and not chat.waiting_input:
             # The receipt comes after the commit, never before: "received, waiting its turn".
             self.spawn(self.sender.react(address.chat_id, message_id, RECEIPT_QUEUED))
         self.wake(str(address))

@@ -99,7 +99,6 @@ async def reminders_command(s: Services, reminders: Reminders, message: Message,
         await s.store.put_outgoing(addr, f"re:{key}", address.chat_id, address.thread_id, text, format="plain",
                                    reply_to=message.message_id, markup=rows,
                                    receiver=None if private else asker, fallback=fallback)
-    s.spawn(s.outbox.flush(addr))
     return "command"
 
 

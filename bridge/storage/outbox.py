@@ -1,22 +1,43 @@
 """The outbox table: the replies and notices on their way to Telegram (T6, T7), each row keyed so
 a replay writes nothing twice.
 
-A row written inside a transaction is sent after that transaction commits, never before: the
-database's after-commit hook calls :attr:`OutboxStore.on_written` with the row's address (the
-chat's :class:`~bridge.chat.outbox.Outbox` sets it to its send). A row written outside a
-transaction commits alone, and is sent then."""
+Commit, then send, once: a row written inside a transaction is sent after that transaction
+commits, never before (:meth:`diskqueue.Database.after_commit`: the outermost commit runs
+:attr:`OutboxStore.on_written`, which the chat's :class:`~bridge.chat.outbox.Outbox` sets to its
+send; a rollback drops it). A row written outside a transaction commits alone, and is sent then.
+Inside :func:`detached` (ingest, a push, a reminder) the writer does not wait for the send;
+elsewhere (a chat's worker) it does, so the chat's order holds."""
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import json
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from diskqueue import Database
 
-__all__ = ["Exchange", "OutboxStore", "Outgoing"]
+__all__ = ["Exchange", "OutboxStore", "Outgoing", "Written", "detached"]
+
+Written = Callable[[str, bool], Awaitable[None]]  # (the address written to, whether the writer waits for the send)
+
+_detached: contextvars.ContextVar[bool] = contextvars.ContextVar("outbox_detached", default=False)
+
+
+@contextmanager
+def detached() -> Iterator[None]:
+    """In this block, what is written into the outbox is sent after its commit in a task of its
+    own: the writer (ingest, a push, a reminder) never waits on Telegram."""
+    token = _detached.set(True)
+    try:
+        yield
+    finally:
+        _detached.reset(token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +89,7 @@ class Exchange:
 class OutboxStore:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.on_written: Written | None = None  # the send, after the commit (bridge.chat.outbox)
 
     async def put_outgoing(
         self,
@@ -95,6 +117,9 @@ class OutboxStore:
              json.dumps(markup) if markup is not None else None, time.time(), receiver,
              json.dumps(fallback) if fallback is not None else None),
         )
+        if self.on_written is not None:  # a duplicate too: a row of it may still be pending (T7)
+            await self.db.after_commit(functools.partial(self.on_written, address, not _detached.get()),
+                                       key=("outbox", address))
         return bool(rows)
 
     async def last_outgoing_id(self) -> int:

@@ -138,8 +138,7 @@ async def test_status_lists_due_and_paused_reminders(tmp_path: Path):
     try:
         for address in (BUSY, BLOCKED):
             await opened.store.touch_chat(address, int(address), None, "en")
-        pushes = Pushes(opened.db, opened.queue, opened.store, wake=lambda _: None, flush=_nothing,
-                        spawn=lambda _: None)
+        pushes = Pushes(opened.db, opened.queue, opened.store, wake=lambda _: None)
         reminders = Reminders(opened.db, opened.store, pushes, clock=lambda: now[0])
         due = await reminders.set(BUSY, "water the plants", at=_iso(now[0] + 60))
         await reminders.set(BUSY, "much later", at=_iso(now[0] + 86_400))
@@ -161,10 +160,6 @@ async def test_status_lists_due_and_paused_reminders(tmp_path: Path):
     code, out = _run("--state", str(state_dir), "--json")
     snapshot = json.loads(out)["reminders"]
     assert [r["id"] for r in snapshot["due"]] == [due.id] and [r["id"] for r in snapshot["paused"]] == [paused.id]
-
-
-async def _nothing(_: str) -> None:
-    return None
 
 
 def _iso(at: float) -> str:

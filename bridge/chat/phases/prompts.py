@@ -21,6 +21,7 @@ async def show(p: Period, chat: Chat, event: eve.QuestionOpened, claim: str) -> 
     # pushed turn's or a reminder's: the people of its chat (F11, bridge/chat/askers.py).
     asked = await askers.running(p.s.queue, chat)
     answerable = await askers.answerable(p.s.people, asked)
+    await p.stop_typing()  # before the buttons are sent, which the commit below does
     async with store.db.transaction():
         for request in event.questions:
             prompt_id = await store.add_prompt(p.address, p.session, request.id, [o.id for o in request.options],
@@ -32,6 +33,4 @@ async def show(p: Period, chat: Chat, event: eve.QuestionOpened, claim: str) -> 
             await store.put_outgoing(p.address, f"{event.key}:{request.id}", chat.chat_id, chat.thread_id, text,
                                      markup=rows)
         await p.s.transitions.advance(p.address, claim, p.cursor)
-    await p.stop_typing()
-    await p.s.outbox.flush(p.address)
     return answerable

@@ -228,7 +228,6 @@ class TurnPhase(Phase):
                 async with s.store.db.transaction():
                     await s.outbox.say(chat, f"c3:{event.key}", t("compacting_notice", chat.lang))
                     await tr.advance(p.address, claim, p.cursor)
-                await s.outbox.flush(p.address)
             case eve.ContextStarted(kind="compaction"):
                 logger.info("eve_in_turn_compaction", estimate=event.estimate)  # eve's, not ours
             case eve.ContextSettled(kind="compaction") if event.ok:
@@ -258,7 +257,6 @@ class TurnPhase(Phase):
                                        or t("turn_failed", chat.lang, reason=code))  # W4
                     await tr.advance(p.address, claim, p.cursor)
                     await p.spend.commit(s.store, p.address)
-                await s.outbox.flush(p.address)
         ended = isinstance(event, eve.TurnEnded)
         if self.stage in (Stage.ASKING, Stage.ANSWERED) and (isinstance(event, eve.RunBegan | eve.QuestionSettled)
                                                              or ended):
