@@ -72,7 +72,7 @@ class PushError(BridgeError):
 
 def whole(text: str) -> str:
     """``text`` with each lone UTF-16 surrogate (JSON allows ``"\\ud83d"`` alone: a broken emoji;
-    SQLite refuses it) as U+FFFD, as a reply's text is (:meth:`bridge.storage.store.Store.put_outgoing`)."""
+    SQLite refuses it) as U+FFFD, as a reply's text is (:meth:`bridge.storage.outbox.OutboxStore.put_outgoing`)."""
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 

@@ -94,7 +94,7 @@ def _keyboard(rows: Sequence[Sequence[Mapping[str, str]]] | None) -> InlineKeybo
 class Sender:
     def __init__(self, bot: Bot, store: Store, *, written_before: int) -> None:
         """``written_before``: the outbox's last id when this process started (the store's
-        :meth:`~bridge.storage.store.Store.last_outgoing_id`): a row up to it was pending when the
+        :meth:`~bridge.storage.outbox.OutboxStore.last_outgoing_id`): a row up to it was pending when the
         last process ended. No clock decides it — a wall clock stepped back made every new reply
         look older than the start, each labelled "may repeat" and written once more."""
         self.bot = bot
