@@ -350,7 +350,7 @@ async def open_bridge(settings: Settings, stack: contextlib.AsyncExitStack, *,
     scheduler = Scheduler(services)
     stack.push_async_callback(scheduler.close)
     # W1-W9: pushed turns, notifications and reminders, through the chat's queue and outbox.
-    pushes = Pushes(db, queue, store, wake=scheduler.wake, flush=services.outbox.flush, spawn=spawn)
+    pushes = Pushes(db, queue, store, wake=scheduler.wake)
     reminders = Reminders(db, store, pushes, default_tz=s.tz, clock=seams.clock.now)
     commands = Commands(services, scheduler, reminders)
     ingest = Ingest(services=services, me=me, scheduler=scheduler, commands=commands)

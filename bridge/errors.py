@@ -4,10 +4,10 @@
     ├── ConfigError            config.py: every problem found in the environment, one line each
     ├── StateUnavailable       storage/state.py: the state database cannot be used (locked, full, not permitted)
     ├── StateCorrupt           storage/state.py: SQLite found the database corrupt while the bridge ran (exit 5)
-    ├── SchemaMismatch         storage/store.py: the database's schema is not this Iva's (iva status)
-    ├── SchemaTooNew           storage/store.py: a newer Iva wrote the state (exit 6)
-    ├── OtherBot               storage/store.py: the state is another bot's (exit 7)
-    ├── IllegalTransition      chat/transitions.py: not defined from the chat's current state
+    ├── SchemaMismatch         storage/schema.py: the database's schema is not this Iva's (iva status)
+    ├── SchemaTooNew           storage/schema.py: a newer Iva wrote the state (exit 6)
+    ├── OtherBot               storage/schema.py: the state is another bot's (exit 7)
+    ├── IllegalTransition      chat/transitions/: not defined from the chat's current state
     │   └── Superseded         the busy period a caller follows is over (its claim is not the record's)
     ├── Lost                   chat/delivery.py: the eve session is gone, stranded or stuck
     ├── Unheard                chat/delivery.py: nothing to send but recordings without a transcript

@@ -33,7 +33,8 @@ from pathlib import Path
 
 from . import log
 from .config import Settings
-from .storage.store import Store, mint_pairing_code, people_meta
+from .storage.people import Misses, mint_pairing_code, people_meta
+from .storage.store import Store
 
 __all__ = ["CODE_BYTES", "MISSES_ALLOWED", "PAIRING_SECONDS", "People", "Person", "Redeemed", "Role", "digest",
            "link", "mint_outside", "pairing_note"]
@@ -96,7 +97,7 @@ class People:
         if user_id in s.owner_ids:
             return Role.OWNER
         row = await self.store.person(user_id)
-        if row is not None and row["role"] == Role.OWNER:
+        if row is not None and row.role == Role.OWNER:
             return Role.OWNER
         if user_id in s.allowed_user_ids or row is not None:
             return Role.ALLOWED
@@ -114,19 +115,19 @@ class People:
     async def owners(self) -> list[int]:
         """Every owner, the environment's and the paired one."""
         rows = await self.store.people(str(Role.OWNER))
-        return sorted(self.settings.owner_ids | {int(r["user_id"]) for r in rows})
+        return sorted(self.settings.owner_ids | {r.user_id for r in rows})
 
     async def everyone(self) -> list[Person]:
         """Owners first, then allowed people; the environment's before the database's."""
         s = self.settings
         rows = await self.store.people()
         out = [Person(u, Role.OWNER, "", True) for u in sorted(s.owner_ids)]
-        out += [Person(int(r["user_id"]), Role(r["role"]), r["name"], False) for r in rows
-                if r["role"] == Role.OWNER and int(r["user_id"]) not in s.owner_ids]
+        out += [Person(r.user_id, Role(r.role), r.name, False) for r in rows
+                if r.role == Role.OWNER and r.user_id not in s.owner_ids]
         out += [Person(u, Role.ALLOWED, "", True) for u in sorted(s.allowed_user_ids - s.owner_ids)]
         listed = {p.user_id for p in out}
-        out += [Person(int(r["user_id"]), Role(r["role"]), r["name"], False) for r in rows
-                if r["role"] == Role.ALLOWED and int(r["user_id"]) not in listed]
+        out += [Person(r.user_id, Role(r.role), r.name, False) for r in rows
+                if r.role == Role.ALLOWED and r.user_id not in listed]
         return out
 
     async def remove(self, user_id: int) -> bool:
@@ -163,8 +164,8 @@ class People:
         return self._locked(await self.store.pairing_misses(user_id), self.clock())
 
     @staticmethod
-    def _locked(miss: sqlite3.Row | None, now: float) -> bool:
-        return miss is not None and miss["locked_until"] is not None and miss["locked_until"] > now
+    def _locked(miss: Misses | None, now: float) -> bool:
+        return miss is not None and miss.locked_until is not None and miss.locked_until > now
 
     async def redeem(self, user_id: int, name: str, code: str) -> Redeemed:
         """The code ``user_id`` sent (in the caller's transaction, with its dedupe mark and answer)."""
@@ -176,17 +177,17 @@ class People:
         if _CODE_SHAPE.fullmatch(code):
             wanted = digest(code)
             for row in await self.store.live_codes(now):  # every live code compared, in constant time each
-                if hmac.compare_digest(str(row["digest"]), wanted):
+                if hmac.compare_digest(row.digest, wanted):
                     found = row
-        if found is None or (found["kind"] == Role.OWNER and await self.has_owner()):
+        if found is None or (found.kind == Role.OWNER and await self.has_owner()):
             await self._missed(user_id, miss, now)
             return Redeemed.INVALID
-        role = Role(found["kind"])
+        role = Role(found.kind)
         current = await self.role(user_id)
         if current is Role.OWNER or (current is not None and role is Role.ALLOWED):
             return Redeemed.ALREADY
-        await self.store.use_code(str(found["digest"]), user_id, now)
-        added_by = None if found["created_by"] is None else int(found["created_by"])
+        await self.store.use_code(found.digest, user_id, now)
+        added_by = found.created_by
         await self.store.add_person(user_id, str(role), name[:200], added_by, now)
         await self.store.clear_misses(user_id)
         if role is Role.OWNER:  # paired: no other pairing code may make a second owner
@@ -194,10 +195,10 @@ class People:
         logger.info("person_added", user_id=user_id, role=str(role))
         return Redeemed.OWNER if role is Role.OWNER else Redeemed.ALLOWED
 
-    async def _missed(self, user_id: int, miss: sqlite3.Row | None, now: float) -> None:
-        fresh = miss is None or now - float(miss["first_at"]) > LOCK_SECONDS
-        misses = 1 if fresh or miss is None else int(miss["misses"]) + 1
-        first = now if fresh or miss is None else float(miss["first_at"])
+    async def _missed(self, user_id: int, miss: Misses | None, now: float) -> None:
+        fresh = miss is None or now - miss.first_at > LOCK_SECONDS
+        misses = 1 if fresh or miss is None else miss.misses + 1
+        first = now if fresh or miss is None else miss.first_at
         locked = now + LOCK_SECONDS if misses >= MISSES_ALLOWED else None
         await self.store.record_misses(user_id, misses, first, locked)
         logger.warning("pairing_code_wrong", user_id=user_id, misses=misses, locked=locked is not None)

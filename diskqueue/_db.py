@@ -23,6 +23,11 @@ worker thread and back costs more than the statement itself and about a dozen ha
   ``busy_timeout`` is 0, and a statement that meets ``SQLITE_BUSY`` is retried on that worker
   thread with the real timeout.
 
+What must follow a commit and never precede it (sending a reply written in the transaction)
+is registered with ``after_commit()``: run, in order, once the outermost transaction has
+committed and released the lock; dropped when it rolls back. Outside a transaction a write has
+committed by itself, so the callback runs at once.
+
 Reads that must not queue behind the writer (``/healthz``, the notebook's MCP gate) run inside
 ``committed()``: on a second, read-only connection that sees the last committed state, which WAL
 lets read while the writer writes.
@@ -37,7 +42,7 @@ import logging
 import math
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -103,6 +108,9 @@ class Database:
         self._slow_until = -math.inf  # commits go to the thread until then
         self._slow = False  # the disk was found slow (logged on a change)
         self._commit_mean = 0.0  # the running mean of commits on the loop, seconds
+        # after_commit(): the open transaction's callbacks, by key (one per key, in the order first
+        # registered); run after its COMMIT, dropped on its ROLLBACK
+        self._after: dict[Hashable, Callable[[], Awaitable[object]]] = {}
 
     async def open(self) -> Database:
         if self._conn is not None:
@@ -265,12 +273,15 @@ class Database:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Database]:
         """``BEGIN IMMEDIATE`` … ``COMMIT``; rolls back on any exception, cancellation included.
-        On a slow disk the ``COMMIT`` runs on the worker thread, the lock held until it is done."""
+        On a slow disk the ``COMMIT`` runs on the worker thread, the lock held until it is done.
+        A nested block is part of the outermost one; after the outermost ``COMMIT`` (the lock
+        released) the :meth:`after_commit` callbacks run, in order, in the committing task."""
         if self._in_transaction():
             yield self
             return
         async with self._lock:
             token = _owner.set((id(self), asyncio.current_task()))
+            self._after = {}
             try:
                 await self._run(_begin)
                 try:
@@ -289,8 +300,22 @@ class Database:
                         with contextlib.suppress(sqlite3.Error):
                             self._conn.execute("ROLLBACK")
                     raise
+                committed = list(self._after.values())
             finally:
+                self._after = {}  # rolled back or committed: nothing of it is left to run
                 _owner.reset(token)
+        for callback in committed:
+            await callback()
+
+    async def after_commit(self, callback: Callable[[], Awaitable[object]], *, key: Hashable | None = None) -> None:
+        """Run ``callback`` once what this task just wrote is committed, never before: inside a
+        transaction, after the outermost one's ``COMMIT`` (dropped if it rolls back); outside
+        one, at once (the write committed by itself). ``key``: one callback per key and
+        transaction (the first one registered keeps its place)."""
+        if not self._in_transaction():
+            await callback()
+            return
+        self._after.setdefault(object() if key is None else key, callback)
 
     @asynccontextmanager
     async def _locked(self) -> AsyncIterator[None]:

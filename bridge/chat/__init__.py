@@ -29,7 +29,7 @@ built the session; an eve upgrade told, V5); ``touch``, ``mark_blocked``, ``bot_
 (before any worker runs: in-flight messages of free chats back to the queue, released watches
 ended).
 
-The record (:class:`bridge.storage.store.Chat`) is the one source of truth: status, kind, origin, eve
+The record (:class:`bridge.storage.chats.Chat`) is the one source of truth: status, kind, origin, eve
 session, cursor, claim, deliveries, the compaction phase (``compact_phase``: wanted, posted,
 accepted, released; ``compact_cancel``: wanted, sent) and the marks (reset mark, /new
 requested, C3 notice sent, C8 disabled, waiting on the person, stop asked for). Only :mod:`.transitions` writes

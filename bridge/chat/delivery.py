@@ -130,7 +130,6 @@ async def _compose(s: Services, address: str, items: Sequence[Queued],
     if composed.unheard:
         async with s.store.db.transaction():
             await say_unheard(s, address, composed.unheard)
-        await s.outbox.flush(address)
     return composed
 
 
@@ -172,8 +171,6 @@ async def _ensure_session(s: Services, address: str, claim: str, headers: dict[s
             # V5: eve was upgraded under the chat's last session: said once (keyed on that
             # session), before the answer the new session gives
             await s.outbox.say(was, f"upgraded:{was.upgraded_from}", t("eve_upgraded", was.lang))
-    if was.upgraded_from is not None:
-        await s.outbox.flush(address)
     structlog.contextvars.bind_contextvars(session=session)
     logger.info("eve_session_created", session=session, eve=s.eve.eve_version)
     return session

@@ -110,7 +110,6 @@ async def end(s: Services, address: str, claim: str | None, outcome: Outcome) ->
                 await s.outbox.say(chat, f"failed:{chat.claim}", line or t("turn_failed", chat.lang, reason=reason),
                                    reply_to=replied[-1].message_id if replied else None)
             METRICS.turns.labels(outcome="failed").inc()
-    await s.outbox.flush(address)
 
 
 async def _lost(s: Services, address: str, claim: str | None, outcome: SessionLost) -> None:
@@ -140,7 +139,6 @@ async def _lost(s: Services, address: str, claim: str | None, outcome: SessionLo
         METRICS.compactions.labels(origin=str(chat.origin or Origin.AUTO), outcome="lost").inc()
     METRICS.turns.labels(outcome="lost").inc()
     logger.warning("eve_session_lost", reason=outcome.reason, session=chat.eve_session, kind=chat.kind)
-    await s.outbox.flush(address)
 
 
 async def say_unheard(s: Services, address: str, items: Sequence[QueuedMessage]) -> None:

@@ -27,22 +27,21 @@ def changes_line(changes: Sequence[Change], lang: str) -> str:
     return ", ".join(f"{name} ({t('notes_did_' + action, lang)})" for name, action in changes)
 
 
-async def tell_writes(s: Services, chat: Chat, claim: str, inflight: Sequence[Message]) -> str | None:
-    """In the parking transaction of ``chat``'s turn: the 📝 line, if the turn wrote notes. Returns
-    the address to flush after the commit, or None."""
+async def tell_writes(s: Services, chat: Chat, claim: str, inflight: Sequence[Message]) -> None:
+    """In the parking transaction of ``chat``'s turn: the 📝 line, if the turn wrote notes (sent
+    after the commit: in a group, to the owner's private chat)."""
     if s.notebook is None or not chat.owner_turn:
-        return None
+        return
     changes = await s.notebook.turn_over(chat.address, claim)
     if not changes:
-        return None
+        return
     what = changes_line(changes, chat.lang)
     if chat.chat_id > 0:
         await s.outbox.say(chat, f"notes:{claim}", t("notes_written", chat.lang, what=what))
-        return chat.address
+        return
     owners = [m.user_id for m in map(decode, (m.payload for m in inflight)) if isinstance(m, QueuedMessage) and m.owner]
     owner = owners[0] if owners else next(iter(await s.people.owners()), None)
     if owner is None:
-        return None
+        return
     await s.outbox.say_to(str(owner), owner, None, f"notes:{claim}",
                           t("notes_written_group", chat.lang, chat=chat.chat_id, what=what), markdown=False)
-    return str(owner)

@@ -1,10 +1,17 @@
 """The chat's durable notices and replies on their way out: rows in the outbox, sent by the
 :class:`~bridge.telegram.sender.Sender` (T6, T7). A notice written with a transition commits with it, so
-it is sent once even across restarts."""
+it is sent once even across restarts.
+
+Commit, then send, once: whatever writes a row sends it after its commit through this outbox
+(:mod:`bridge.storage.outbox`, the database's after-commit hook); no caller sends by hand. A
+chat's worker waits for the send (a reply goes before the next draft frame); a writer in
+:func:`~bridge.storage.outbox.detached` (ingest, a push, a reminder) hands it to a task."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from aiogram.exceptions import TelegramBadRequest
 
@@ -20,11 +27,21 @@ logger = log.get("bridge.chat.outbox")
 
 
 class Outbox:
-    def __init__(self, store: Store, sender: Sender, transitions: Transitions) -> None:
+    def __init__(self, store: Store, sender: Sender, transitions: Transitions,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], object]) -> None:
         self.store = store
         self.sender = sender
         self.transitions = transitions
+        self.spawn = spawn
         self._flushing: dict[str, asyncio.Lock] = {}  # one sender per address at a time
+        store.on_written = self._written  # the one place a written row is sent from
+
+    async def _written(self, address: str, wait: bool) -> None:
+        """After the commit that wrote a row for ``address``: sent now, or in a task of its own."""
+        if wait:
+            await self.flush(address)
+        else:
+            self.spawn(self.flush(address))
 
     async def say(self, chat: Chat, key: str, text: str, *, reply_to: int | None = None) -> None:
         """A plain-text notice to the chat, keyed (in the caller's transaction, if any)."""
@@ -42,7 +59,9 @@ class Outbox:
                                       receiver=receiver)
 
     async def flush(self, address: str) -> None:
-        """Send what is pending for the address, in order; a chat that is gone is marked blocked."""
+        """Send what is pending for the address, in order; a chat that is gone is marked blocked.
+        Called after a commit that wrote a row (:meth:`_written`), and by the chat's worker for
+        what an earlier process or a failed send left pending."""
         lock = self._flushing.setdefault(address, asyncio.Lock())
         async with lock:
             for _ in range(3):  # a row written meanwhile may still name the topic: bounded

@@ -187,4 +187,3 @@ async def _resume_compaction(s: Services, inbox: Inbox, chat: Chat) -> None:
                                reply_to=chat.compact_reply_to)
     METRICS.compactions.labels(origin=str(chat.origin or Origin.AUTO), outcome="not_started").inc()
     logger.info("compaction_not_started_freed", origin=chat.origin)
-    await s.outbox.flush(chat.address)

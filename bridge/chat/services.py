@@ -168,7 +168,7 @@ class Services:
         notebook = notebook if notebook is not None and notebook.enabled else None
         transitions = Transitions(store, queue, notebook)
         return cls(settings=settings, eve=eve_client, store=store, queue=queue, transitions=transitions,
-                   sender=sender, outbox=Outbox(store, sender, transitions), spawn=spawn,
+                   sender=sender, outbox=Outbox(store, sender, transitions, spawn), spawn=spawn,
                    people=People(store, settings), notebook=notebook,
                    models=models or ChatModels(store.db, settings.models),
                    rebuilder=rebuilder if notebook is not None else None,

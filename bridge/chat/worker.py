@@ -145,7 +145,9 @@ class ChatWorker:
         eve_failures = 0
         while True:
             self._poked.clear()
-            await s.outbox.flush(self.address)  # an answer may wait for an address with no record yet
+            # What an earlier process or a failed send left pending (an answer may wait for an
+            # address with no record yet); what a commit writes from now on, the commit sends.
+            await s.outbox.flush(self.address)
             chat = await s.store.chat(self.address)
             if chat is None:
                 return
@@ -241,4 +243,3 @@ class ChatWorker:
                 text += " " + t("new_notes_kept", current.lang, n=kept)  # N8: the notebook outlives /new
             await s.outbox.say(current, f"new:{self.address}:{current.reset_reply_to}", text, reply_to=current.reset_reply_to)
         logger.info("conversation_reset", dropped=dropped)
-        await s.outbox.flush(self.address)

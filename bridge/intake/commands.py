@@ -21,6 +21,7 @@ from ..chat.notewrites import changes_line
 from ..chat.services import Services
 from ..chat.transitions import ChatState, state_of
 from ..people import Redeemed, Role, link
+from ..storage.marks import CommandMark, PairingMark, PeopleMark, remember
 from ..storage.payloads import Kind, Origin, PeopleButton
 from ..storage.store import Chat
 from ..telegram.texts import number, t
@@ -74,11 +75,10 @@ class Commands:
         text = await self.status_text(addr, lang, owner=owner) if command == "status" else t(command, lang)
         async with s.store.db.transaction():
             # The answer is on disk with the mark that says the update was handled.
-            if not await s.queue.remember(addr, {"kind": "command", "command": command}, dedupe_key=key):
+            if not await remember(s.queue, addr, CommandMark(command), dedupe_key=key):
                 return "duplicate"
             await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
                                   receiver=self._asker(message) if command == "status" else None)
-        s.spawn(s.outbox.flush(addr))
         return "command"
 
     async def model_pressed(self, query: CallbackQuery, name: str, address: str, lang: str) -> str:
@@ -100,7 +100,7 @@ class Commands:
         addr, s = str(address), self.s
         async with s.store.db.transaction():
             # The mark commits with the refusal or with the request: a redelivery does neither twice.
-            if not await s.queue.remember(addr, {"kind": "command", "command": "new"}, dedupe_key=key):
+            if not await remember(s.queue, addr, CommandMark("new"), dedupe_key=key):
                 return "duplicate"
             allowed = await self._may_interrupt(message, await s.store.chat(addr), addr)
             if allowed:
@@ -111,7 +111,6 @@ class Commands:
                                       reply_to=message.message_id, receiver=self._asker(message))
         if not allowed:
             logger.info("new_refused", user_id=message.from_user.id if message.from_user is not None else 0)
-            s.spawn(s.outbox.flush(addr))
             return "command"
         logger.info("new_requested", dropped=dropped)
         self.scheduler.wake(addr)
@@ -127,7 +126,7 @@ class Commands:
         user = message.from_user.id if message.from_user is not None else 0
         stopped = None
         async with s.store.db.transaction():
-            if not await s.queue.remember(addr, {"kind": "command", "command": "stop"}, dedupe_key=key):
+            if not await remember(s.queue, addr, CommandMark("stop"), dedupe_key=key):
                 return "duplicate"
             chat = await s.store.chat(addr)
             receiver = self._asker(message)  # S7: what only the asker needs, to them alone
@@ -148,7 +147,6 @@ class Commands:
             await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
                                   reply_to=message.message_id, receiver=receiver)
         logger.info("stop_asked", stopped=stopped is not None, user_id=user)
-        s.spawn(s.outbox.flush(addr))
         if stopped is not None:
             self.scheduler.wake(addr)
         return "command"
@@ -185,7 +183,7 @@ class Commands:
             logger.debug("pairing_code_ignored", user_id=user.id)
             return f"pairing_{Redeemed.LOCKED}"
         async with s.store.db.transaction():
-            if not await s.queue.remember(addr, {"kind": "pairing"}, dedupe_key=key):
+            if not await remember(s.queue, addr, PairingMark(), dedupe_key=key):
                 return "duplicate"
             outcome = await s.people.redeem(user.id, user.full_name, code.split()[0])
             text = {Redeemed.OWNER: "pair_owner", Redeemed.ALLOWED: "pair_allowed", Redeemed.ALREADY: "pair_already",
@@ -194,8 +192,6 @@ class Commands:
                 await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", t(text, lang),
                                       reply_to=message.message_id)
         logger.info("pairing_code_used", user_id=user.id, outcome=str(outcome))
-        if text is not None:
-            s.spawn(s.outbox.flush(addr))
         return f"pairing_{outcome}"
 
     async def _owner_answer(self, message: Message, address: Address, key: str, text: str, *,
@@ -204,11 +200,10 @@ class Commands:
         asker alone where Telegram allows it (S7)."""
         addr, s = str(address), self.s
         async with s.store.db.transaction():
-            if not await s.queue.remember(addr, {"kind": "command"}, dedupe_key=key):
+            if not await remember(s.queue, addr, CommandMark(), dedupe_key=key):
                 return "duplicate"
             await s.store.put_outgoing(addr, f"re:{key}", address.chat_id, address.thread_id, text, format="plain",
                                        reply_to=message.message_id, markup=markup, receiver=self._asker(message))
-        s.spawn(s.outbox.flush(addr))
         return "command"
 
     async def invite(self, message: Message, address: Address, lang: str, key: str) -> str:
@@ -224,14 +219,13 @@ class Commands:
         username = (await s.sender.bot.me()).username
         addr = str(address)
         async with s.store.db.transaction():
-            if not await s.queue.remember(addr, {"kind": "command", "command": "invite"}, dedupe_key=key):
+            if not await remember(s.queue, addr, CommandMark("invite"), dedupe_key=key):
                 return "duplicate"
             code = await s.people.mint(Role.ALLOWED, created_by=message.from_user.id, seconds=hours * 3600.0)
             await s.store.put_outgoing(addr, f"re:{key}", address.chat_id, address.thread_id,
                                        t("invite_link", lang, hours=hours, link=link(username, code)),
                                        format="plain", reply_to=message.message_id)
         logger.info("invite_made", by=message.from_user.id, hours=hours)
-        s.spawn(s.outbox.flush(addr))
         return "command"
 
     async def users(self, message: Message, address: Address, lang: str, key: str) -> str:
@@ -269,8 +263,7 @@ class Commands:
         chat_id = query.message.chat.id if query.message is not None else query.from_user.id
         addr = str(Address(chat_id))
         async with s.store.db.transaction():
-            if not await s.queue.remember(addr, {"kind": "people", "remove": button.user_id},
-                                          dedupe_key=f"cb:{query.id}"):
+            if not await remember(s.queue, addr, PeopleMark(button.user_id), dedupe_key=f"cb:{query.id}"):
                 return "duplicate", None
             person = next((p for p in await s.people.everyone() if p.user_id == button.user_id), None)
             removed = button.user_id != query.from_user.id and await s.people.remove(button.user_id)
@@ -281,7 +274,6 @@ class Commands:
         logger.info("person_removed" if removed else "person_remove_refused", user_id=button.user_id,
                     by=query.from_user.id)
         if removed:
-            s.spawn(s.outbox.flush(addr))
             return "person_removed", "✓"
         return "refused", t("users_gone", lang)
 
@@ -297,7 +289,7 @@ class Commands:
         if not (await s.sender.bot.me()).has_topics_enabled:
             return await self._owner_answer(message, address, key, t("topics_off", lang))
         title = " ".join(args.split())[:128] or t("topic_default", lang)
-        if not await s.queue.remember(addr, {"kind": "command", "command": "topic"}, dedupe_key=key):
+        if not await remember(s.queue, addr, CommandMark("topic"), dedupe_key=key):
             return "duplicate"
         try:
             opened = await s.sender.bot.create_forum_topic(chat_id=address.chat_id, name=title)
@@ -306,7 +298,6 @@ class Commands:
             async with s.store.db.transaction():
                 await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}",
                                       t("topic_failed", lang, reason=exc.message[:200]), markdown=False)
-            s.spawn(s.outbox.flush(addr))
             return "command"
         topic = Address(address.chat_id, opened.message_thread_id)
         async with s.store.db.transaction():
@@ -316,8 +307,6 @@ class Commands:
             await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}",
                                   t("topic_opened", lang, title=title), reply_to=message.message_id, markdown=False)
         logger.info("topic_opened", topic=str(topic))
-        s.spawn(s.outbox.flush(str(topic)))
-        s.spawn(s.outbox.flush(addr))
         return "command"
 
     # -- /compact ---------------------------------------------------------------------------
@@ -334,7 +323,7 @@ class Commands:
         try:
             async with s.store.db.transaction():
                 # The dedupe mark and the capture commit together: a failure leaves neither.
-                if not await s.queue.remember(addr, {"kind": "command", "command": "compact"}, dedupe_key=key):
+                if not await remember(s.queue, addr, CommandMark("compact"), dedupe_key=key):
                     return "duplicate"
                 chat = await s.store.chat(addr)
                 captured = None
@@ -359,7 +348,6 @@ class Commands:
                                       reply_to=message.message_id)
         finally:
             self._compacting.discard(addr)
-        s.spawn(s.outbox.flush(addr))
         if captured:
             self.scheduler.wake(addr)
         return "command"
@@ -417,7 +405,7 @@ class Commands:
         assert message.from_user is not None
         owner = await s.people.is_owner(message.from_user.id)
         async with s.store.db.transaction():
-            if not await s.queue.remember(addr, {"kind": "command", "command": "notes"}, dedupe_key=key):
+            if not await remember(s.queue, addr, CommandMark("notes"), dedupe_key=key):
                 return "duplicate"
             if notebook is None:
                 text = t("notes_off", lang)
@@ -441,7 +429,6 @@ class Commands:
             else:
                 await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
                                       reply_to=message.message_id, markdown=False, receiver=self._asker(message))
-        s.spawn(s.outbox.flush(addr))
         return "command"
 
     async def _notebook_text(self, addr: str, lang: str) -> str:

@@ -35,6 +35,7 @@ import hashlib
 
 from diskqueue import DiskQueue, Message, State
 
+from ..storage.marks import EditMark, RefusedMark, remember
 from ..storage.payloads import QueuedMessage, decode
 from ..storage.store import Store
 
@@ -61,8 +62,8 @@ def edit_key(chat_id: int, message_id: int, edit_date: int | None, item: QueuedM
 
 def _revision(row: Message) -> tuple[str, str | None] | None:
     payload = row.payload
-    if payload.get("kind") == "edit":
-        return str(payload.get("text") or ""), payload.get("file_id")
+    if (edited := EditMark.revision_of(payload)) is not None:
+        return edited
     item = decode(payload) if payload.get("kind") == QueuedMessage.kind else None
     return item.revision() if isinstance(item, QueuedMessage) else None
 
@@ -78,19 +79,19 @@ async def commit_edit(queue: DiskQueue, store: Store, address: str, *, original:
     # (an original we never had: its later edits revise that one).
     # A message we refused (a bare mention, a video) counts as never queued: edited into one we
     # take, it is queued now — once; a later edit revises that one.
-    first = next((row for row in history if row.dedupe_key == original and row.payload.get("kind") != "refused"),
+    first = next((row for row in history if row.dedupe_key == original and row.payload.get("kind") != RefusedMark.kind),
                  None) or next((row for row in history if row.payload.get("kind") == QueuedMessage.kind), None)
     if first is None:
         row = await queue.enqueue(address, item.to_payload(), dedupe_key=key)
         return (EditOutcome.NEW, row) if row is not None else (EditOutcome.DUPLICATE, None)
     text, file_id = item.revision()
-    mark = {"kind": "edit", "text": text, "file_id": file_id}
+    mark = EditMark(text, file_id)
     known = [r for r in map(_revision, history) if r is not None]
     if first.payload.get("kind") != QueuedMessage.kind or first.state is State.DROPPED:
-        await queue.remember(address, {**mark, "ignored": True}, dedupe_key=key)
+        await remember(queue, address, dataclasses.replace(mark, ignored=True), dedupe_key=key)
         return EditOutcome.IGNORED, None
     if known and known[-1] == item.revision():
-        await queue.remember(address, mark, dedupe_key=key)
+        await remember(queue, address, mark, dedupe_key=key)
         return EditOutcome.UNCHANGED, None
     if first.state is State.QUEUED:
         replaced = await queue.replace(first.id, item.to_payload(), state=State.QUEUED)
@@ -99,7 +100,7 @@ async def commit_edit(queue: DiskQueue, store: Store, address: str, *, original:
     else:
         replaced = False
     if replaced:
-        await queue.remember(address, mark, dedupe_key=key)
+        await remember(queue, address, mark, dedupe_key=key)
         return EditOutcome.REPLACED, None
     before = known[-1][1] if known else None
     # The new words (and a new or replaced file); the quote and the album stay with the message eve

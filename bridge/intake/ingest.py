@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import mimetypes
 import sqlite3
 import time
@@ -25,20 +24,18 @@ from aiogram.exceptions import (
     TelegramRetryAfter,
     TelegramServerError,
 )
-from aiogram.types import CallbackQuery, Message, Update, User
+from aiogram.types import Message, Update, User
 
 from .. import backoff, log
-from ..chat import askers
 from ..chat.services import Services
 from ..chat.worker import Scheduler
 from ..clock import CLOCK
 from ..metrics import METRICS
 from ..people import Role
+from ..storage import outbox
+from ..storage.marks import AlbumHeld, AlbumMark, RefusedMark, remember
 from ..storage.payloads import (
     Attachment,
-    InputAnswer,
-    PeopleButton,
-    PromptButton,
     QueuedMessage,
     Spoken,
 )
@@ -46,11 +43,10 @@ from ..storage.state import StateCorrupt, corrupt
 from ..storage.store import Chat
 from ..telegram.texts import pick_lang, t
 from .addressing import Address, Inbound, classify
+from .buttons import Buttons
 from .commands import Commands
 from .describe import describe, quoted
 from .edits import commit_edit, edit_key, message_key
-from .model_command import button as model_button
-from .reminders_command import button as reminder_button
 
 __all__ = ["Ingest"]
 
@@ -82,6 +78,7 @@ class Ingest:
         self.commands = commands
         self.wake = scheduler.wake
         self.spawn = services.spawn
+        self.buttons = Buttons(services, commands, scheduler.wake)
         self.offset: int | None = None
         self.last_poll_ok: float | None = None
         self.alive_at = time.monotonic()  # the loop went round (the watchdog reads it)
@@ -237,14 +234,20 @@ class Ingest:
                 return
 
     async def handle(self, update: Update) -> str:
+        """One update, committed; what its commits write into the outbox is sent in tasks of
+        their own (the update is confirmed without waiting on Telegram)."""
+        with outbox.detached():
+            return await self._handle(update)
+
+    async def _handle(self, update: Update) -> str:
         if update.message is not None:
             return await self.on_message(update.message)
         if update.edited_message is not None:
             return await self.on_edit(update.edited_message)
         if update.callback_query is not None:
-            return await self.on_callback(update.callback_query)
+            return await self.buttons.on_callback(update.callback_query)
         if update.stopped_message_generation is not None:
-            return await self.on_stop_button(update)
+            return await self.buttons.on_stop_button(update)
         if update.my_chat_member is not None:
             member = update.my_chat_member
             if member.new_chat_member.status in ("kicked", "left"):
@@ -258,94 +261,6 @@ class Ingest:
                 logger.info("bot_removed_from_chat", chat_id=member.chat.id)
             return "member"
         return "ignored"
-
-    async def on_stop_button(self, update: Update) -> str:
-        """L*: the stop button of a live draft (private chats only, so the person whose answer it
-        is): the running turn is stopped like /stop, durably; the partial answer stays, marked."""
-        stopped = update.stopped_message_generation
-        assert stopped is not None
-        if stopped.chat.type != "private" or not await self.s.people.may_talk(stopped.chat.id):
-            return "ignored"
-        address = Address(stopped.chat.id, stopped.message_thread_id)
-        if await self.store.chat(str(address)) is None:
-            address = Address(stopped.chat.id)
-        async with self.store.db.transaction():
-            if not await self.queue.remember(str(address), {"kind": "stop"},
-                                             dedupe_key=f"stop:{update.update_id}"):
-                return "duplicate"
-            # A press on a draft of a turn that is over (it crossed the answer) stops nothing.
-            chat = await self.transitions.want_stop(str(address), draft=stopped.draft_id)
-        logger.info("stop_button", draft_id=stopped.draft_id, stopped=chat is not None)
-        if chat is not None:
-            self.wake(str(address))
-        return "stop"
-
-    async def on_callback(self, query: CallbackQuery) -> str:
-        """T5: a pressed option button becomes an inputResponse for the waiting turn — only in the
-        prompt's own chat, and only from the people whose turn asked or an owner (S3). Every press
-        is answered, never with a blocking call in this loop."""
-        note: str | None = None
-        outcome = "callback"
-        try:
-            lang = pick_lang(query.from_user.language_code, self.settings.lang)
-            if (reminder := reminder_button(query.data)) is not None:  # W8: a /reminders cancel button
-                note = await self.commands.reminder_pressed(query, reminder, lang)
-                return "reminder"
-            if (chosen := model_button(query.data)) is not None:  # D1: a /model button
-                note = await self.commands.model_pressed(query, *chosen, lang)
-                return "model"
-            button = PromptButton.parse(query.data)
-            if button is None and PeopleButton.parse(query.data) is not None:
-                outcome, note = await self.commands.people_button(query, lang)
-                return outcome
-            if button is None or not await self.s.people.may_talk(query.from_user.id):
-                return "ignored"
-            prompt = await self.store.prompt(button.prompt_id)
-            where = query.message.chat.id if query.message is not None else None
-            if prompt is None or (prompt["chat_id"] is not None and prompt["chat_id"] != where):
-                logger.warning("callback_foreign_prompt", user_id=query.from_user.id, chat_id=where)
-                note = t("input_closed", lang)
-                return "refused"
-            user = query.from_user.id
-            asked = json.loads(prompt["askers"] or "[]")
-            # a prompt shown in several chats (a budget prompt in the owners' private chats) has
-            # no chat of its own, and its askers say who may press it (V6)
-            if not await self.s.people.is_owner(user) and not askers.may_answer(asked, user) \
-                    and (prompt["chat_id"] is not None or askers.OWNERS in asked):
-                note = t("input_not_yours", lang)
-                return "refused"
-            if prompt["state"] != "open":
-                note = t("input_closed", lang)
-                return "closed"
-            option = str(json.loads(prompt["options"])[button.index])
-            message_id = query.message.message_id if query.message is not None else 0
-            answer = InputAnswer(request_id=str(prompt["request_id"]), option_id=option, message_id=message_id,
-                                 user_id=query.from_user.id)
-            row = await self.queue.enqueue(prompt["address"], answer.to_payload(), dedupe_key=f"cb:{query.id}")
-            if row is not None:
-                self.wake(prompt["address"])
-            note = "✓"
-            return outcome
-        except (ValueError, IndexError):
-            return "ignored"
-        finally:
-            self.spawn(self._answer_callback(query.id, note))
-            chat = query.message.chat if query.message is not None else None
-            if note not in (None, "✓") and chat is not None and chat.type != "private":
-                # S7: in a group a refusal is also shown to the presser alone, where Telegram
-                # allows it; never to the group (the press's own answer has said it already).
-                assert note is not None
-                pressed = query.message
-                thread = pressed.message_thread_id if isinstance(pressed, Message) and pressed.is_topic_message \
-                    and pressed.message_thread_id != 1 else None
-                self.spawn(self.sender.say(chat.id, thread, note, receiver=query.from_user.id,
-                                           callback_query_id=query.id, fallback=False, markdown=False))
-
-    async def _answer_callback(self, query_id: str, note: str | None) -> None:
-        try:
-            await self.bot.answer_callback_query(query_id, text=note)
-        except Exception as exc:
-            logger.info("callback_answer_failed", error=str(exc))
 
     async def on_message(self, message: Message) -> str:
         user = message.from_user
@@ -384,23 +299,19 @@ class Ingest:
             assert album is not None
             # Held: what it will be once the album is ours — a part, or the one line refusing it
             # (a video in the album is refused then, never dropped without a word).
-            held = ({"kind": "album_held", "refusal": prepared} if isinstance(prepared, str)
-                    else {"kind": "album_held", "item": prepared.to_payload()})
+            held = (AlbumHeld(message.message_id, refusal=prepared) if isinstance(prepared, str)
+                    else AlbumHeld(message.message_id, item=prepared.to_payload()))
             async with self.store.db.transaction():
-                await self.queue.remember(str(address), {**held, "message_id": message.message_id},
-                                          dedupe_key=f"{album}:held:{message.message_id}")
+                await remember(self.queue, address, held, dedupe_key=f"{album}:held:{message.message_id}")
             return "album_part_held"
         assert not isinstance(prepared, str)
         async with self.store.db.transaction():
             await self.transitions.touch(str(address), address.chat_id, address.thread_id, lang)
-            refusals = False
             if album is not None and not await self.queue.history(key):
-                refusals = await self._take_album(address, album)  # the parts before it go first, in order
+                await self._take_album(address, album)  # the parts before it go first, in order
             row = await self.queue.enqueue(str(address), prepared.to_payload(), dedupe_key=key)
             notice = await self._notice(address, key, message.message_id, lang) if row is not None else False
             chat = await self.store.chat(str(address))
-        if refusals:
-            self.spawn(self.s.outbox.flush(str(address)))
         if row is None:
             logger.info("update_duplicate_ignored")
             return "duplicate"
@@ -439,7 +350,6 @@ class Ingest:
             key = f"{original}:e{message.edit_date or 0}"
             return await self._refuse(address, key, message.message_id, prepared)
         key = edit_key(message.chat.id, message.message_id, message.edit_date, prepared)
-        refusals = False
         async with self.store.db.transaction():
             await self.transitions.touch(str(address), address.chat_id, address.thread_id, lang)
             outcome, row = await commit_edit(self.queue, self.store, str(address), original=original, key=key,
@@ -448,36 +358,30 @@ class Ingest:
                 # A held part of a group album edited to address the bot: the album is ours now,
                 # with the parts held beside it.
                 album = _album_key(message.chat.id, prepared.album)
-                refusals = await self._take_album(address, album, but=message.message_id)
+                await self._take_album(address, album, but=message.message_id)
             notice = await self._notice(address, key, message.message_id, lang) if row is not None else False
             chat = await self.store.chat(str(address))
-        if refusals:
-            self.spawn(self.s.outbox.flush(str(address)))
         logger.info("message_edited", outcome=str(outcome), queue_id=row)
         if row is not None:
             self._received(address, message.message_id, chat, notice)
         return str(outcome)
 
-    async def _take_album(self, address: Address, album: str, *, but: int | None = None) -> bool:
+    async def _take_album(self, address: Address, album: str, *, but: int | None = None) -> None:
         """Inside the caller's transaction: the album is ours (its mark: its later parts need no
         mention), and the parts of it held before anything of it addressed the bot are queued in
         their order (each under its own message's key: a redelivery of one of them is a
-        duplicate), or refused in one line each. True when a refusal waits in the outbox (the
-        caller flushes it after its commit)."""
-        await self.queue.remember(str(address), {"kind": "album"}, dedupe_key=album)
-        refused = False
-        for held in await self.queue.history(album):
-            if held.payload.get("kind") != "album_held" or held.address != str(address) \
-                    or held.payload["message_id"] == but:
+        duplicate), or refused in one line each (sent after the commit)."""
+        await remember(self.queue, address, AlbumMark(), dedupe_key=album)
+        for row in await self.queue.history(album):
+            held = AlbumHeld.from_payload(row.payload)
+            if held is None or row.address != str(address) or held.message_id == but:
                 continue
-            key = message_key(address.chat_id, held.payload["message_id"])
-            if "item" in held.payload:
-                await self.queue.enqueue(str(address), held.payload["item"], dedupe_key=key)
-            elif await self.queue.remember(str(address), {"kind": "refused"}, dedupe_key=key):
+            key = message_key(address.chat_id, held.message_id)
+            if held.item is not None:
+                await self.queue.enqueue(str(address), held.item, dedupe_key=key)
+            elif await remember(self.queue, address, RefusedMark(), dedupe_key=key):
                 await self.s.outbox.say_to(str(address), address.chat_id, address.thread_id, f"re:{key}",
-                                           str(held.payload["refusal"]), reply_to=held.payload["message_id"])
-                refused = True
-        return refused
+                                           str(held.refusal), reply_to=held.message_id)
 
     def _prepare(self, message: Message, inbound: Inbound, user: User, lang: str, *,
                  owner: bool) -> QueuedMessage | str:
@@ -515,12 +419,10 @@ class Ingest:
 
     async def _refuse(self, address: Address, key: str, message_id: int, refusal: str) -> str:
         async with self.store.db.transaction():
-            fresh = await self.queue.remember(str(address), {"kind": "refused"}, dedupe_key=key)
+            fresh = await remember(self.queue, address, RefusedMark(), dedupe_key=key)
             if fresh:  # the answer on disk with the mark: a crash cannot lose it
                 await self.s.outbox.say_to(str(address), address.chat_id, address.thread_id, f"re:{key}",
                                            refusal, reply_to=message_id)
-        if fresh:
-            self.spawn(self.s.outbox.flush(str(address)))
         return "refused"
 
     async def _notice(self, address: Address, key: str, message_id: int, lang: str) -> bool:
@@ -532,10 +434,9 @@ class Ingest:
         return True
 
     def _received(self, address: Address, message_id: int, chat: Chat | None, notice: bool) -> None:
-        """After the commit: the notice or the receipt, and the chat's worker woken."""
-        if notice:
-            self.spawn(self.s.outbox.flush(str(address)))
-        elif chat is not None and chat.busy and self.settings.turn_policy == "queue" and not chat.waiting_input:
+        """After the commit: the receipt (unless the commit wrote the C3 notice, which it sends), and
+        the chat's worker woken."""
+        if not notice and chat is not None and chat.busy and self.settings.turn_policy == "queue" and not chat.waiting_input:
             # The receipt comes after the commit, never before: "received, waiting its turn".
             self.spawn(self.sender.react(address.chat_id, message_id, RECEIPT_QUEUED))
         self.wake(str(address))

@@ -99,7 +99,6 @@ async def model_command(s: Services, scheduler: Scheduler, message: Message, add
             await s.outbox.say_to(addr, address.chat_id, address.thread_id, f"re:{key}", text,
                                   reply_to=message.message_id, markdown=False,
                                   receiver=None if private else asker)
-        s.spawn(s.outbox.flush(addr))
         if captured:
             scheduler.wake(addr)
         return "command"
@@ -111,7 +110,6 @@ async def model_command(s: Services, scheduler: Scheduler, message: Message, add
             return "duplicate"
         await s.store.put_outgoing(addr, f"re:{key}", address.chat_id, address.thread_id, text, format="plain",
                                    reply_to=message.message_id, markup=rows, receiver=None if private else asker)
-    s.spawn(s.outbox.flush(addr))
     return "command"
 
 

@@ -18,6 +18,7 @@ from aiogram.types import CallbackQuery, Message
 from .. import log
 from ..chat.services import Services
 from ..push.reminders import Reminder, Reminders
+from ..storage.marks import CommandMark, remember
 from ..telegram.texts import t
 from .addressing import Address
 
@@ -93,12 +94,11 @@ async def reminders_command(s: Services, reminders: Reminders, message: Message,
         text, rows = t("reminders_owner_only", lang), None
     async with s.store.db.transaction():
         # The answer is on disk with the mark that says the update was handled.
-        if not await s.queue.remember(addr, {"kind": "command", "command": "reminders"}, dedupe_key=key):
+        if not await remember(s.queue, addr, CommandMark("reminders"), dedupe_key=key):
             return "duplicate"
         await s.store.put_outgoing(addr, f"re:{key}", address.chat_id, address.thread_id, text, format="plain",
                                    reply_to=message.message_id, markup=rows,
                                    receiver=None if private else asker, fallback=fallback)
-    s.spawn(s.outbox.flush(addr))
     return "command"
 
 

@@ -160,10 +160,10 @@ class Rebuilder:
         lines: list[str] = []
         used = 0
         for row in rows:
-            text = " ".join(str(row["text"] or "").split())[:1500]
+            text = " ".join(str(row.text or "").split())[:1500]
             if not text:
                 continue
-            line = f"{'owner' if row['who'] == 'owner' else 'you'}: {text}"
+            line = f"{'owner' if row.who == 'owner' else 'you'}: {text}"
             if used + len(line) > CONTEXT_CHARS:
                 break
             lines.append(line)

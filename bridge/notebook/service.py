@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from diskqueue import Database
 
@@ -66,7 +67,13 @@ def _merged(changes: list[Change], name: str, action: str) -> list[Change]:
     return [(n, a) for n, a in changes if n != name] + [(name, action)]
 
 
-def _note(row: sqlite3.Row) -> Note:
+class _Columns(Protocol):
+    """A row read by column name (what the database gives; never handed out of this module)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def _note(row: _Columns) -> Note:
     return Note(name=row["name"], description=row["description"], body=row["body"], pinned=bool(row["pinned"]),
                 created_at=row["created_at"], updated_at=row["updated_at"], prev_body=row["prev_body"], id=row["id"])
 
@@ -347,9 +354,8 @@ def salvage_notes(source: Path, target: Path) -> tuple[int, int]:
     since. Returns (notes copied, archives copied). Raises :class:`sqlite3.Error` when ``source``
     has no readable notes table at all."""
     src = sqlite3.connect(f"file:{source}?mode=ro&immutable=1", uri=True)
-    src.row_factory = sqlite3.Row
     try:
-        notes: list[sqlite3.Row] = []
+        notes: list[tuple[Any, ...]] = []
         cursor = src.execute(f"SELECT {', '.join(_NOTE_COLUMNS)} FROM notes ORDER BY id")
         while True:
             try:

@@ -46,6 +46,7 @@ from cronsim import CronSim, CronSimError
 from diskqueue import Database
 
 from .. import log
+from ..storage import outbox
 from ..storage.payloads import PushedTurn
 from ..storage.pushes import PushStore
 from ..storage.state import StateCorrupt, corrupt
@@ -274,12 +275,13 @@ class Reminders:
         while True:
             now = self.clock()
             fired: list[str] = []
-            async with self.db.transaction():
-                rows = await self.sql.due_reminders(now, BATCH)
-                for row in rows:
-                    reminder = self._of(row)
-                    if await self._fire(reminder, now):
-                        fired.append(reminder.address)
+            with outbox.detached():  # a broken one's line is sent after the commit, in a task of its own
+                async with self.db.transaction():
+                    rows = await self.sql.due_reminders(now, BATCH)
+                    for row in rows:
+                        reminder = self._of(row)
+                        if await self._fire(reminder, now):
+                            fired.append(reminder.address)
             for address in dict.fromkeys(fired):
                 self.pushes.wake(address)
             woken.extend(fired)
@@ -341,7 +343,6 @@ class Reminders:
                 r.address, f"reminder-broken:{r.id}", chat.chat_id, chat.thread_id,
                 f"⚠️ The reminder “{' '.join(r.text.split())[:80]}” ({r.id}) stopped: its time could not be read "
                 f"({' '.join(str(exc).split())[:120]}). Set it again (time zone {r.tz!r}).", format="plain")
-            self.pushes.spawn(self.pushes.flush(r.address))
 
     async def next_due(self) -> float | None:
         return await self.sql.next_due()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -31,6 +31,7 @@ from diskqueue import Database, DiskQueue, Message, State
 from .. import log
 from ..errors import BridgeError
 from ..framing import frame_body
+from ..storage import outbox
 from ..storage.payloads import PushedTurn, Queued, decode
 from ..storage.pushes import PushStore
 from ..storage.store import Chat, Store
@@ -71,7 +72,7 @@ class PushError(BridgeError):
 
 def whole(text: str) -> str:
     """``text`` with each lone UTF-16 surrogate (JSON allows ``"\\ud83d"`` alone: a broken emoji;
-    SQLite refuses it) as U+FFFD, as a reply's text is (:meth:`bridge.storage.store.Store.put_outgoing`)."""
+    SQLite refuses it) as U+FFFD, as a reply's text is (:meth:`bridge.storage.outbox.OutboxStore.put_outgoing`)."""
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
@@ -128,16 +129,12 @@ def _row_of(turn_id: str, prefix: str) -> int | None:
 class Pushes:
     """Pushed turns and notifications of the chats Iva knows."""
 
-    def __init__(self, db: Database, queue: DiskQueue, store: Store, *, wake: Callable[[str], None],
-                 flush: Callable[[str], Coroutine[Any, Any, None]],
-                 spawn: Callable[[Coroutine[Any, Any, Any]], object]) -> None:
+    def __init__(self, db: Database, queue: DiskQueue, store: Store, *, wake: Callable[[str], None]) -> None:
         self.db = db
         self.sql = PushStore(db)
         self.queue = queue
         self.store = store
         self.wake = wake
-        self.flush = flush
-        self.spawn = spawn
 
     async def _writable(self, address: str) -> Chat:
         chat = await self.store.chat(address)
@@ -215,14 +212,14 @@ class Pushes:
         and whether it is new."""
         body, given = _text(text), _key(key)
         outbox_key = notify_keys(address) + (given if given is not None else uuid.uuid4().hex)
-        async with self.db.transaction():
-            chat = await self._writable(address)
-            created = await self.store.put_outgoing(address, outbox_key, chat.chat_id, chat.thread_id, body)
-            row = await self.sql.outbox_id(outbox_key)
+        with outbox.detached():  # sent after the commit; the caller does not wait on Telegram
+            async with self.db.transaction():
+                chat = await self._writable(address)
+                created = await self.store.put_outgoing(address, outbox_key, chat.chat_id, chat.thread_id, body)
+                row = await self.sql.outbox_id(outbox_key)
         assert row is not None
         if created:
             logger.info("notification_queued", address=address, outbox_id=row, key=given)
-            self.spawn(self.flush(address))
         return f"m{row}", created
 
 

@@ -1,3 +1,5 @@
-"""The state on disk: the numbered schema and the bridge's SQL (:mod:`.store`, and the pushes'
-own, :mod:`.pushes`), opening it checked (:mod:`.state`), the typed queue payloads
+"""The state on disk: the numbered schema (:mod:`.schema`), one small class per table returning
+frozen rows (:mod:`.chats`, :mod:`.outbox`, :mod:`.prompts`, :mod:`.people`, :mod:`.spend`,
+:mod:`.status`; :mod:`.store` composes them, and the pushes' own, :mod:`.pushes`), the typed
+dedupe marks (:mod:`.marks`), opening it checked (:mod:`.state`), the typed queue payloads
 (:mod:`.payloads`), the address of a chat as a value (:mod:`.address`) and retention."""

@@ -1,6 +1,6 @@
 """The SQL of the assistant writing first: pushed turns (queue rows of kind ``pushed``), the
 notifications' outbox rows, the ``push_told`` mark and the ``reminders`` table (schema step 8 in
-:mod:`bridge.storage.store`). Statements only; what they mean is in :mod:`.turns` and :mod:`.reminders`."""
+:mod:`bridge.storage.schema`). Statements only; what they mean is in :mod:`.turns` and :mod:`.reminders`."""
 
 from __future__ import annotations
 

@@ -109,7 +109,7 @@ def _delivered_anyway(exc: ClientDecodeError, chat_id: int) -> int | None:
 class Sender:
     def __init__(self, bot: Bot, store: Store, *, written_before: int) -> None:
         """``written_before``: the outbox's last id when this process started (the store's
-        :meth:`~bridge.storage.store.Store.last_outgoing_id`): a row up to it was pending when the
+        :meth:`~bridge.storage.outbox.OutboxStore.last_outgoing_id`): a row up to it was pending when the
         last process ended. No clock decides it — a wall clock stepped back made every new reply
         look older than the start, each labelled "may repeat" and written once more."""
         self.bot = bot

@@ -80,7 +80,7 @@ async def test_the_rebuild_context_is_the_owners_words_and_the_replies_to_the_ow
     await turn(queue, store, "c5", [message("owner last", owner=True, n=5)], ["last answer"])
 
     rows = await store.recent_exchange(GROUP, limit=40)
-    seen = [(r["who"], r["text"]) for r in reversed(rows)]
+    seen = [(r.who, r.text) for r in reversed(rows)]
     assert seen == [("owner", "owner: ship the build by friday"), ("assistant", "answer to the owner"),
                     ("owner", "owner again"), ("owner", "owner last"), ("assistant", "last answer")]
 

@@ -107,7 +107,7 @@ async def test_status_uses_iva_state_dir_and_names_a_missing_database(tmp_path: 
 def test_status_on_a_database_not_migrated_yet_says_one_line(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     """An operator runs `iva status` after an upgrade, before the daemon's first start migrated
     the database: one line naming the schema and what to do, never a traceback (review)."""
-    from bridge.storage.store import _MIGRATIONS
+    from bridge.storage.schema import _MIGRATIONS
     from diskqueue._queue import _SCHEMA
 
     db = tmp_path / "iva.sqlite3"
@@ -138,8 +138,7 @@ async def test_status_lists_due_and_paused_reminders(tmp_path: Path):
     try:
         for address in (BUSY, BLOCKED):
             await opened.store.touch_chat(address, int(address), None, "en")
-        pushes = Pushes(opened.db, opened.queue, opened.store, wake=lambda _: None, flush=_nothing,
-                        spawn=lambda _: None)
+        pushes = Pushes(opened.db, opened.queue, opened.store, wake=lambda _: None)
         reminders = Reminders(opened.db, opened.store, pushes, clock=lambda: now[0])
         due = await reminders.set(BUSY, "water the plants", at=_iso(now[0] + 60))
         await reminders.set(BUSY, "much later", at=_iso(now[0] + 86_400))
@@ -161,10 +160,6 @@ async def test_status_lists_due_and_paused_reminders(tmp_path: Path):
     code, out = _run("--state", str(state_dir), "--json")
     snapshot = json.loads(out)["reminders"]
     assert [r["id"] for r in snapshot["due"]] == [due.id] and [r["id"] for r in snapshot["paused"]] == [paused.id]
-
-
-async def _nothing(_: str) -> None:
-    return None
 
 
 def _iso(at: float) -> str:

@@ -354,6 +354,7 @@ async def test_a_kill_at_every_statement_of_a_transition_leaves_the_state_before
 async def test_a_compaction_caught_by_the_upgrade_to_the_phase_is_migrated_as_posted(tmp_path: Path) -> None:
     """A busy compaction written before the phase existed must not read as "never requested"
     (that would request it again, C5): the migration marks it posted, so eve's stream decides."""
+    from bridge.storage import schema
     from bridge.storage import store as store_module
     from diskqueue import Database, DiskQueue
 
@@ -361,7 +362,7 @@ async def test_a_compaction_caught_by_the_upgrade_to_the_phase_is_migrated_as_po
     try:
         await DiskQueue(db).migrate()
         for step in range(1, 5):
-            for statement in filter(str.strip, store_module._MIGRATIONS[step].split(";")):
+            for statement in filter(str.strip, schema._MIGRATIONS[step].split(";")):
                 await db.execute(statement)
         await db.execute("PRAGMA user_version = 4")
         await db.execute("INSERT INTO chats (address, chat_id, status, kind, origin, eve_session, claim, "

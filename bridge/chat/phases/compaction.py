@@ -214,8 +214,6 @@ class CompactionPhase(Phase):
                                    reply_to=chat.compact_reply_to)
         METRICS.compactions.labels(origin=str(c.origin), outcome=done.outcome).inc()
         logger.info("compaction_finished", origin=c.origin, outcome=done.outcome, before=c.before)
-        if chat.origin is Origin.MANUAL:
-            await s.outbox.flush(p.address)
 
 
 class WatchPhase(CompactionPhase):
@@ -281,6 +279,4 @@ class WatchPhase(CompactionPhase):
                                    reply_to=waiting[0].message_id)
         p.claim, c.phase = claim, CompactPhase.ACCEPTED
         logger.info("compaction_chat_recaptured", noticed=noticed)
-        if noticed:
-            await s.outbox.flush(p.address)
         return CompactionPhase(p, c)

@@ -33,7 +33,7 @@ async def park(p: Period, *, measurement: int | None, first: int | None, announc
         )
         await p.spend.commit(s.store, p.address)
         chat = parked.chat
-        told = await notewrites.tell_writes(s, chat, claim, parked.inflight)  # seed 000: every write visible
+        await notewrites.tell_writes(s, chat, claim, parked.inflight)  # seed 000: every write visible
         if parked.after_before is not None and parked.decision.after is not None:
             await s.outbox.say(chat, f"after:{p.cursor}:{chat.claim}",
                                t("compact_after", chat.compact_lang or chat.lang, after=number(parked.decision.after),
@@ -42,10 +42,6 @@ async def park(p: Period, *, measurement: int | None, first: int | None, announc
     logger.info("turn_finished", measurement=measurement, messages=len(parked.inflight),
                 threshold=threshold, compacting=parked.compaction_claim is not None,
                 **parked.decision.updates)
-    if parked.after_before is not None:
-        await s.outbox.flush(p.address)
-    if told is not None:
-        await s.outbox.flush(told)
     if chat.owner_turn and s.rebuilder is not None and s.rebuilder.wanted(p.address):
         # N7: after the turn, beside the compaction, never in front of the reply (sent already).
         s.spawn(s.rebuilder.maybe_run(p.address))

@@ -54,6 +54,7 @@ async def show(p: Period, chat: Chat, event: eve.QuestionOpened, claim: str) -> 
     answerable = await askers.answerable(p.s.people, asked)
     budget = any(q.kind == "budget" for q in event.questions)
     owners = await p.s.people.owners() if budget else []
+    await p.stop_typing()  # before the buttons are sent, which the commit below does
     async with store.db.transaction():
         for request in event.questions:
             key = f"{event.key}:{request.id}"
@@ -72,11 +73,6 @@ async def show(p: Period, chat: Chat, event: eve.QuestionOpened, claim: str) -> 
                     rows = [[{"text": t("sign_in_button", chat.lang), "url": request.link}]]
             await store.put_outgoing(p.address, key, chat.chat_id, chat.thread_id, text, markup=rows)
         await p.s.transitions.advance(p.address, claim, p.cursor)
-    await p.stop_typing()
-    await p.s.outbox.flush(p.address)
-    for owner in owners:
-        if str(owner) != p.address:
-            await p.s.outbox.flush(str(owner))
     # A budget prompt waits on an owner, who is never "present" for the busy timeout's sake:
     # given up after it (V6), unlike a question its askers may take their time over (F5).
     return Shown(answerable=answerable and not budget, budget=budget)

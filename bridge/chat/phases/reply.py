@@ -53,13 +53,12 @@ class Reply:
         if stop:  # written before the stop reached eve: readable, marked
             text = f"{text}\n\n{t('stopped_mark', chat.lang)}"
             stop |= Stop.SHOWN
+        if p.typing is not None and event.final:
+            await p.typing.stop()  # never after the final send (LESSONS #12), which the commit below does
         async with s.store.db.transaction():
             await s.store.put_outgoing(p.address, event.key, chat.chat_id, chat.thread_id, text)
             await s.transitions.advance(p.address, claim, p.cursor)
             await p.spend.commit(s.store, p.address)
-        if p.typing is not None and event.final:
-            await p.typing.stop()  # never after the final send (LESSONS #12)
-        await s.outbox.flush(p.address)
         await speak.after_answer(s, p.address, chat.chat_id, chat.thread_id, text)  # P4
         return stop
 
@@ -74,7 +73,6 @@ class Reply:
                                            f"{self.block}\n\n{t('stopped_mark', chat.lang)}")
                 await s.transitions.advance(p.address, claim, p.cursor)
             stop |= Stop.SHOWN
-            await s.outbox.flush(p.address)
         self.block, self.draft_id = "", 0
         return stop
 

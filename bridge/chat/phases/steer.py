@@ -106,7 +106,6 @@ async def steer(p: Period, chat: Chat, *, answers_only: bool = False) -> Steered
         async with s.store.db.transaction():
             await say_unheard(s, p.address, exc.items)
             await s.transitions.steer_taken(p.address, claim, ids)
-        await s.outbox.flush(p.address)
         return Steered(answers=taken) if taken else None
     except eve.EveTransportError as exc:
         if isinstance(exc, eve.EveConnectError):

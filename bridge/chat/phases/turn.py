@@ -117,7 +117,6 @@ class TurnPhase(Phase):
             if chat is not None:
                 async with self.p.s.store.db.transaction():
                     await self.p.s.outbox.say(chat, f"budget-given-up:{self.p.owned()}", t("budget_given_up", chat.lang))
-                await self.p.s.outbox.flush(self.p.address)
             await self._stop()
             return None
         if why == "steer":
@@ -293,7 +292,6 @@ class TurnPhase(Phase):
                 async with p.s.store.db.transaction():
                     await p.s.outbox.say(chat, f"unknown-kind:{event.key}",
                                          t("input_unknown_kind", chat.lang, kind=shown.unknown[:40]))
-                await p.s.outbox.flush(p.address)
             await self._stop()
             return False
         self.answerable = shown.answerable
@@ -323,7 +321,6 @@ class TurnPhase(Phase):
                                or t("turn_failed", chat.lang, reason=code))  # W4
             await s.transitions.advance(p.address, claim, p.cursor)
             await p.spend.commit(s.store, p.address)
-        await s.outbox.flush(p.address)
 
     async def _say(self, event: eve.Event, claim: str, key: str, text: str) -> None:
         """One line to the chat, committed with the cursor past ``event``."""
@@ -331,7 +328,6 @@ class TurnPhase(Phase):
         async with s.store.db.transaction():
             await s.outbox.say(self.chat, key, text)
             await s.transitions.advance(p.address, claim, p.cursor)
-        await s.outbox.flush(p.address)
 
     async def _after(self, event: eve.Event, claim: str) -> Phase | Ended | None:
         """What every event may move: a question answered, the turn's end, eve idle after it."""
