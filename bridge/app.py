@@ -56,7 +56,7 @@ from .web.push_api import PushApi
 
 __all__ = ["EXIT_OTHER_BOT", "EXIT_SCHEMA_NEWER", "Bridge", "Opened", "Seams", "make_bot", "open_bridge", "run"]
 
-logger = log.get("bridge.app")
+logger = log.get(__name__)
 
 # Exit codes a restart cannot change: systemd's units list them in RestartPreventExitStatus=.
 EXIT_SCHEMA_NEWER = 6  # the state was written by a newer Iva

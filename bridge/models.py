@@ -29,7 +29,7 @@ from .storage.models import ModelStore
 
 __all__ = ["HEADERS", "Answering", "Caller", "ChatModels", "Role", "TurnKind"]
 
-logger = log.get("bridge.models")
+logger = log.get(__name__)
 
 HEADERS = ("x-iva-model", "x-iva-chat", "x-iva-speaker", "x-iva-role", "x-iva-turn")
 

@@ -39,7 +39,7 @@ from .storage.store import Store
 __all__ = ["CODE_BYTES", "MISSES_ALLOWED", "PAIRING_SECONDS", "People", "Person", "Redeemed", "Role", "digest",
            "link", "mint_outside", "pairing_note"]
 
-logger = log.get("bridge.people")
+logger = log.get(__name__)
 
 CODE_BYTES = 16  # 128 bits
 PAIRING_SECONDS = 3600.0  # a pairing link lives an hour; the next start makes a new one

@@ -41,7 +41,7 @@ from .transcribe import TranscribeFailed, Transcriber
 
 __all__ = ["CORRECTION", "Composed", "compose", "framed", "hear"]
 
-logger = log.get("bridge.chat.compose")
+logger = log.get(__name__)
 
 CORRECTION = "[correction of my earlier message]"  # an edit of a message eve already has
 

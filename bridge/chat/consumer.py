@@ -50,7 +50,7 @@ from .transitions import Superseded
 
 __all__ = ["POKE", "BusyPeriod", "Inbox"]
 
-logger = log.get("bridge.chat.consumer")
+logger = log.get(__name__)
 
 
 class BusyPeriod:

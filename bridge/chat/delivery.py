@@ -26,7 +26,7 @@ from .transcribe import Transcriber
 
 __all__ = ["Lost", "Unheard", "caller", "send"]
 
-logger = log.get("bridge.chat.delivery")
+logger = log.get(__name__)
 
 
 class Lost(BridgeError):

@@ -17,7 +17,7 @@ from .services import Services
 
 __all__ = ["NotHeard", "Outcome", "Refused", "SessionLost", "end", "eve_upgraded", "gone", "say_unheard"]
 
-logger = log.get("bridge.chat")
+logger = log.get(__name__)
 
 
 @dataclass(frozen=True, slots=True)

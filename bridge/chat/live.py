@@ -33,7 +33,7 @@ from ..telegram.pacing import Paced, pacer_of
 
 __all__ = ["FRAME_INTERVAL", "Draft", "progress_line"]
 
-logger = log.get("bridge.chat.live")
+logger = log.get(__name__)
 
 FRAME_INTERVAL = 0.3  # seconds between two frames of one chat, at least
 MAX_INTERVAL = 3.0  # the slowest pace a run of 429s can push it to

@@ -23,7 +23,7 @@ from .transitions import Transitions
 
 __all__ = ["Outbox"]
 
-logger = log.get("bridge.chat.outbox")
+logger = log.get(__name__)
 
 
 class Outbox:

@@ -22,7 +22,7 @@ from .services import Services, Slot
 
 __all__ = ["drive", "released_announced", "resume"]
 
-logger = log.get("bridge.chat.recovery")
+logger = log.get(__name__)
 
 
 def _compaction_began(event: eve.Event) -> bool:

@@ -39,7 +39,7 @@ from .transcribe import _drain, _end, _environment
 
 __all__ = ["MAX_VOICE", "SpeakFailed", "Speaker", "after_answer", "answer_aloud", "spoken_to"]
 
-logger = log.get("bridge.chat.speak")
+logger = log.get(__name__)
 
 MAX_VOICE = 20 * 1024 * 1024  # bytes of audio kept; a longer output is no voice we send
 MAX_TEXT = 20_000  # characters of an answer read aloud

@@ -37,7 +37,7 @@ from ..metrics import METRICS
 
 __all__ = ["TRANSCRIBERS", "Pool", "TranscribeFailed", "Transcriber"]
 
-logger = log.get("bridge.chat.transcribe")
+logger = log.get(__name__)
 
 MAX_TRANSCRIPT = 256 * 1024  # bytes of standard output kept (hours of speech); the rest is read and dropped
 MAX_STDERR = 2000  # the tail of standard error kept for the log

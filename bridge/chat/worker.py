@@ -30,7 +30,7 @@ __all__ = ["ChatWorker", "Scheduler"]
 
 UNSUPPORTED_WAIT = 60.0  # seconds between looks at an eve whose stream this Iva cannot read
 
-logger = log.get("bridge.chat.worker")
+logger = log.get(__name__)
 
 RESET_TIMEOUT = 10.0
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Commands"]
 
-logger = log.get("bridge.commands")
+logger = log.get(__name__)
 
 
 class Commands:

@@ -50,7 +50,7 @@ from .edits import commit_edit, edit_key, message_key
 
 __all__ = ["Ingest"]
 
-logger = log.get("bridge.ingest")
+logger = log.get(__name__)
 
 POLL_TIMEOUT = 25
 BATCH_LIMIT = 100  # updates in one getUpdates answer, at most (Telegram's default limit)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PREFIX", "button", "model_command", "model_pressed", "model_text"]
 
-logger = log.get("bridge.intake.model")
+logger = log.get(__name__)
 
 PREFIX = "md:"  # a button's callback data: md:<name>@<address>
 

@@ -24,7 +24,7 @@ from .addressing import Address
 
 __all__ = ["PREFIX", "button", "pressed", "reminders_command", "reminders_text"]
 
-logger = log.get("bridge.push.chat")
+logger = log.get(__name__)
 
 PREFIX = "rm:"  # a cancel button's callback data: rm:<reminder id>, rm:<reminder id>@<address> in a group
 

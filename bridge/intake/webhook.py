@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SECRET_HEADER", "Webhook", "WebhookStatus"]
 
-logger = log.get("bridge.webhook")
+logger = log.get(__name__)
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 MAX_BODY = 1024 * 1024  # bytes; an update is a few KB, Telegram's largest well under this

@@ -35,7 +35,7 @@ from .service import Notebook
 
 __all__ = ["Rebuilder", "ToolUsed", "tool_call"]
 
-logger = log.get("bridge.notebook.rebuild")
+logger = log.get(__name__)
 
 REBUILD_TIMEOUT = 300.0
 CONTEXT_CHARS = 6_000

@@ -37,7 +37,7 @@ from .rules import (
 
 __all__ = ["DEFAULT_VIEWER", "Change", "Notebook", "NotebookConfig", "salvage_notes"]
 
-logger = log.get("bridge.notebook")
+logger = log.get(__name__)
 
 DEFAULT_VIEWER = "owner"  # one server-side seen mark that Telegram and every API client share
 

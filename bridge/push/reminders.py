@@ -56,7 +56,7 @@ from .turns import PushError, Pushes, iso, whole
 __all__ = ["ASSISTANT_EVERY", "ASSISTANT_MAX", "ASSISTANT_RECURRING", "LATE_AFTER", "LOOK_EVERY", "MAX_PER_CHAT",
            "MAX_TEXT", "Reminder", "Reminders"]
 
-logger = log.get("bridge.push.reminders")
+logger = log.get(__name__)
 
 MAX_PER_CHAT = 100
 MAX_TEXT = 2_000

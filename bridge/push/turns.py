@@ -40,7 +40,7 @@ from ..telegram.texts import t
 __all__ = ["MAX_KEY", "MAX_TEXT", "PushError", "Pushes", "TurnState", "alone", "context", "failed_line",
            "iso", "person_depth", "stopped", "told", "turn_failed", "unsteered", "whole"]
 
-logger = log.get("bridge.push")
+logger = log.get(__name__)
 
 MAX_TEXT = 16_000  # characters of a pushed turn's or a notification's text
 MAX_KEY = 200  # characters of a key

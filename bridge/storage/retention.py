@@ -39,7 +39,7 @@ from .store import Store
 
 __all__ = ["BATCH", "DAY", "INTERVAL", "Pruned", "prune", "run"]
 
-logger = log.get("bridge.retention")
+logger = log.get(__name__)
 
 DAY = 86_400.0
 BATCH = 500  # rows per transaction

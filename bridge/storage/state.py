@@ -25,7 +25,7 @@ from .store import Store
 
 __all__ = ["OpenedState", "StateCorrupt", "StateUnavailable", "corrupt", "open_state"]
 
-logger = log.get("bridge.state")
+logger = log.get(__name__)
 
 OPEN_ATTEMPTS = 5
 _CORRUPT = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Bucket", "Budget", "Paced", "Pacer", "kind_of", "pacer_of"]
 
-logger = log.get("bridge.pacing")
+logger = log.get(__name__)
 
 Kind = Literal["message", "draft", "typing", "reaction"]
 

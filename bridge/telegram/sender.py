@@ -40,7 +40,7 @@ from .render import Chunk, render
 
 __all__ = ["ChatGone", "EphemeralRefused", "Sender", "TopicGone", "Typing", "topic_gone", "undecodable"]
 
-logger = log.get("bridge.sender")
+logger = log.get(__name__)
 
 TYPING_EVERY = 5.0  # Telegram shows a chat action 5 s; the pacer never sends it again within them
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OVERDUE_FACTOR", "Listener"]
 
-logger = log.get("bridge.http")
+logger = log.get(__name__)
 
 POLL_STALE_AFTER = 120.0
 OVERDUE_FACTOR = 1.5  # a busy chat is overdue when it made no progress for 1.5 × IVA_BUSY_TIMEOUT

@@ -43,7 +43,7 @@ from .guards import bearer_matches, browser_origin, not_json
 
 __all__ = ["PROTOCOL_VERSION", "TOOLS", "McpServer"]
 
-logger = log.get("bridge.notebook.mcp")
+logger = log.get(__name__)
 
 PROTOCOL_VERSION = "2025-11-25"
 _SUPPORTED = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")

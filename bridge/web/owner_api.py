@@ -38,7 +38,7 @@ from .guards import bearer_matches, browser_origin, not_json
 
 __all__ = ["OwnerApi"]
 
-logger = log.get("bridge.api")
+logger = log.get(__name__)
 
 Handler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]  # (request, the chat's address)
 Guarded = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -24,7 +24,7 @@ __all__ = [
     "ReaderFailed", "Spend", "Stage", "Stop", "StreamEnded", "apply",
 ]
 
-logger = log.get("bridge.chat.consumer")
+logger = log.get(__name__)
 
 RESUME_GRACE = 10.0
 # What a handler raises on an event of a shape it does not expect (a bad event, F6).

@@ -24,7 +24,7 @@ from .base import CompactAnswer, Ended, Period, Phase, Stop, apply
 
 __all__ = ["Compaction", "CompactionPhase", "WatchPhase"]
 
-logger = log.get("bridge.chat.compaction")
+logger = log.get(__name__)
 
 
 class Heard(enum.Enum):

@@ -16,7 +16,7 @@ from .compaction import Compaction, CompactionPhase, WatchPhase
 
 __all__ = ["park"]
 
-logger = log.get("bridge.chat.consumer")
+logger = log.get(__name__)
 
 
 async def park(p: Period, *, measurement: int | None, first: int | None, announced: bool) -> Phase | Ended:

@@ -20,7 +20,7 @@ from .base import Ended, Period
 
 __all__ = ["Steered", "adopt", "steer", "unsure"]
 
-logger = log.get("bridge.chat.consumer")
+logger = log.get(__name__)
 
 
 @dataclass(frozen=True, slots=True)

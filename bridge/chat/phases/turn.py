@@ -29,7 +29,7 @@ from .reply import Reply
 
 __all__ = ["TurnPhase"]
 
-logger = log.get("bridge.chat.consumer")
+logger = log.get(__name__)
 
 WAITING_ON_PERSON = 7 * 24 * 3600.0  # a question open this long without an answer: the turn is lost
 

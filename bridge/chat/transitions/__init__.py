@@ -55,7 +55,7 @@ __all__ = [
     "steer_claim",
 ]
 
-logger = log.get("bridge.chat.transitions")
+logger = log.get(__name__)
 
 
 class Transitions(_Turns, _TurnEnds, _Compactions):
