@@ -430,6 +430,15 @@ class EveClient:
                                 return
                             leased = leased or item.kind == "stream.lease-ended"
                             continue
+                        if isinstance(item, SessionBegan) and \
+                                implied_stream_version(item.eve_version) not in (None, opened.version):
+                            # V2, V5: the session was built by an eve of another wire (a 0.80 session
+                            # served converted by 1.x: stranded, PROTOCOL-27.md §11), whatever the
+                            # cursor says (a cursor still at the start was read on no version)
+                            raise StreamVersionChanged(
+                                f"stream: the session was built by eve {item.eve_version}, eve now speaks "
+                                f"{opened.version} (an upgrade: the session cannot go on)", route="stream",
+                                status=409, code="stream_version_changed")
                         if item.position < cursor:
                             continue  # the rest of a line read before
                         cursor = item.after

@@ -19,6 +19,7 @@ from ..push import turns as pushed
 from ..storage.address import Address
 from ..storage.payloads import InputAnswer, PushedTurn, Queued, QueuedMessage, decode
 from ..telegram.texts import t
+from . import carry
 from .compose import Composed, compose, hear
 from .endings import eve_upgraded, say_unheard
 from .services import Services
@@ -66,11 +67,13 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
             composed = await _compose(s, address, items, heard)
         headers = (await caller(s, address, items)).headers()  # D2
         for attempt in (1, 2):
+            history = await _carried(s, address, policy)
             session = await _ensure_session(s, address, claim, headers)
             context, marks = await _state_block(s, address, policy)
             context, told = await pushed.context(s.store.db, address, items, context, steer=policy == "steer")
             try:
-                delivery = await s.eve.send(session, composed.message, turn_policy=policy, client_context=context,
+                delivery = await s.eve.send(session, composed.message, turn_policy=policy,
+                                            client_context=carry.with_history(context, history),
                                             idempotency_key=idempotency_key(s.sender.bot.id, address, items, session),
                                             headers=headers)
             except eve.SessionGone as exc:
@@ -157,6 +160,15 @@ async def _role(s: Services, user: int, private: bool) -> Role:
     if known is PersonRole.OWNER:
         return Role.OWNER
     return Role.ALLOWED if known is PersonRole.ALLOWED and private else Role.MEMBER
+
+
+async def _carried(s: Services, address: str, policy: eve.TurnPolicy) -> list[dict[str, str]]:
+    """V5: the recent exchange of the session an upgrade stranded, for the new session's first
+    message (bridge/chat/carry.py); [] for any other send."""
+    chat = await s.store.chat(address)
+    if policy == "steer" or chat is None or chat.eve_session or not chat.upgraded_from:
+        return []
+    return await carry.transcript(s.eve, chat.upgraded_from)
 
 
 async def _ensure_session(s: Services, address: str, claim: str, headers: dict[str, str] | None = None) -> str:

@@ -35,6 +35,10 @@ async def test_an_idle_chat_on_a_stranded_session_goes_on_in_a_new_one(tmp_path:
         told = t("eve_upgraded", "en")
         assert tg.texts() == ["echo: before", told, "echo: after the upgrade"]  # told once, first
         assert chat.eve_session not in (None, old) and state_of(chat) is ChatState.IDLE
+        # the recent exchange came along with the new session's first message (bridge/chat/carry.py)
+        first = next(b for b in fake_eve.sessions[chat.eve_session].sends)
+        assert first["clientContext"]["ivaHistory"] == [{"role": "user", "text": "before"},
+                                                        {"role": "assistant", "text": "echo: before"}]
     finally:
         await h.stop()
 

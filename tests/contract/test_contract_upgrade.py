@@ -122,6 +122,11 @@ async def test_an_eve_upgrade_answers_every_message_once_or_says_so(tmp_path: Pa
         upgraded, cut = t("eve_upgraded", "en"), t("eve_upgraded_cut", "en")
         owner = await _until_text(tg, OWNER, "echo: a3 during the upgrade")
         assert owner[-2:] == [upgraded, "echo: a3 during the upgrade"], owner
+        # the recent exchange came along (bridge/chat/carry.py): this agent has no channel code to
+        # make it history, so the model reads it as client context; the template makes it turns
+        # (tests/contract/test_template_models.py)
+        first = [r for r in peer.llm_requests() if "a3 during the upgrade" in str(r.get("latest_user"))]
+        assert first and "a1 hello" in json.dumps(first[0]), first
         friend = await _until_text(tg, FRIEND, "echo: b2 queued")
         assert friend == [cut, "echo: b2 queued"], friend  # b1 cut: told in one line; b2 answered
         grouped = await _until_text(tg, GROUP, "c2 while compacting")

@@ -7,7 +7,8 @@ was offered.
 Proved here: two chats on two models at once; a switch mid-conversation taking effect on the next
 turn; the parking threshold following the chat's model's window (the small window's chat is
 compacted after a turn the big window's chat is not); the notebook rebuild's turn offered no tools
-at all, on the model it was told; headers from a caller without Iva's token never read, and values
+at all, on the model it was told; the recent exchange of a stranded session, carried in the first
+message's clientContext, given to the model as real turns (V5); headers from a caller without Iva's token never read, and values
 of the wrong shape from Iva's dropped (the default model answers, never a failed turn).
 """
 
@@ -187,6 +188,24 @@ async def test_the_template_answers_each_chat_on_its_model_and_the_rebuild_with_
                 break
         asked = template.asked("odd headers")
         assert asked["model"] == "fake/big" and "web_fetch" in asked["tools"]  # the default, tools as usual
+        await client.end(session)
+
+        # V5: the recent exchange an upgrade would have stranded, carried in the first message's
+        # clientContext (bridge/chat/carry.py): the template's channel makes it real history.
+        prior = [{"role": "user", "text": "our trip is to Lisbon"}, {"role": "assistant", "text": "noted: Lisbon"}]
+        async with httpx.AsyncClient(timeout=10) as http:  # the requests' messages recorded in full
+            (await http.post(f"{template.llm}/control", json={"full_log": True})).raise_for_status()
+        session = await client.create_session()
+        await client.send(session, "carried here", turn_policy="queue",
+                          client_context={"ivaHistory": prior, "context": "[state] the usual block"})
+        async for event in client.stream(session):
+            if isinstance(event, eve.TurnEnded):
+                break
+        messages = template.asked("carried here")["messages"]
+        turns = [(m.get("role"), m.get("content")) for m in messages if isinstance(m.get("content"), str)]
+        assert ("user", "our trip is to Lisbon") in turns and ("assistant", "noted: Lisbon") in turns, turns
+        assert not any("ivaHistory" in str(c) for _, c in turns)  # the entries as turns, not as client context
+        assert any("[state] the usual block" in str(c) for _, c in turns)  # the context still reaches the model
         await client.end(session)
 
     # Without Iva's token the headers are never read: the request is refused before any model call.

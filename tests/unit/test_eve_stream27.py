@@ -220,12 +220,18 @@ def test_narration_an_interrupted_part_and_an_in_turn_compaction() -> None:
 @pytest.mark.parametrize(("started_on", "recorded"), [("1.0.1", "1.0.1"), ("0.80.1", None)])
 async def test_the_client_learns_eves_version_from_a_session_it_serves(started_on: str, recorded: str | None) -> None:
     """V8: eve's version for /status, from the first event of a session eve serves on this stream
-    version; a session 0.80 started, read on 1.x after an upgrade, does not name the serving eve."""
+    version; a session 0.80 started, followed on 1.x after an upgrade, does not name the serving
+    eve — and cannot go on (V5: stranded, whatever the cursor)."""
     records = [{"at": "a", "facts": [fact("session.started", runtime={"eveVersion": started_on})]},
                {"at": "a", "facts": [fact("turn.settled", T0, outcome="completed", reply=[], turnId="turn_0")]}]
     async with eve.EveClient("http://eve.test", token="t", transport=httpx.MockTransport(Script(lines_from(records))),
                              retry=FAST) as client:
-        async for event in client.stream(SID):
-            if isinstance(event, eve.Idle):
-                break
+        if recorded is None:
+            with pytest.raises(eve.StreamVersionChanged):
+                async for _ in client.stream(SID):
+                    pass
+        else:
+            async for event in client.stream(SID):
+                if isinstance(event, eve.Idle):
+                    break
         assert client.eve_version == recorded and client.stream_version == 27

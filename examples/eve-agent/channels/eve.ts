@@ -19,7 +19,7 @@
 // key on the "iva.speaker" attribute instead (docs/security.md).
 import { createHash, timingSafeEqual } from "node:crypto";
 import { localDev, withAuthChallenges, type AuthFn } from "eve/channels/auth";
-import { eveChannel } from "eve/channels/eve";
+import { defaultEveAuth, eveChannel, type EveMessageContext } from "eve/channels/eve";
 import { IVA_AUTHENTICATOR, ivaAttributes } from "../lib/iva";
 
 const digest = (value: string) => createHash("sha256").update(value).digest();
@@ -39,6 +39,38 @@ const iva: AuthFn<Request> = withAuthChallenges(
   [{ scheme: "Bearer" }],
 );
 
+type Entry = { role: "user" | "assistant"; text: string };
+const MAX_ENTRIES = 40;
+const MAX_TEXT = 20_000;
+
+// V5: after an eve upgrade stranded a chat's session, Iva sends the new session's first message
+// with the recent exchange it read from the old one: clientContext {"ivaHistory": [...],
+// "context": "..."}. eve takes prior history only from channel code, never from a request body:
+// here, once the caller is Iva (its bearer checked above), the entries become that message's
+// `history` (real user and assistant turns for the model) and the usual context goes on as the
+// turn's. Anyone else's clientContext is left as it came.
+function carried(ctx: EveMessageContext): { history: Entry[]; context: string[] } | null {
+  const caller = ctx.eve.caller;
+  const sent = ctx.eve.clientContext as unknown;
+  if (caller?.authenticator !== IVA_AUTHENTICATOR || !sent || typeof sent !== "object" || Array.isArray(sent)) {
+    return null;
+  }
+  const { ivaHistory, context } = sent as { ivaHistory?: unknown; context?: unknown };
+  if (!Array.isArray(ivaHistory)) return null;
+  const history = ivaHistory
+    .filter((e): e is Entry => !!e && (e.role === "user" || e.role === "assistant")
+      && typeof e.text === "string" && e.text.trim() !== "")
+    .slice(-MAX_ENTRIES)
+    .map(({ role, text }) => ({ role, text: text.slice(0, MAX_TEXT) }));
+  return { history, context: typeof context === "string" && context ? [context] : [] };
+}
+
 export default eveChannel({
   auth: [iva, localDev()],
+  onMessage(ctx) {
+    const auth = defaultEveAuth(ctx);
+    const prior = carried(ctx);
+    if (!prior) return { auth };
+    return { auth, history: prior.history, clientContext: prior.context };
+  },
 });
