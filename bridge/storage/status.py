@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,39 @@ def read_status(path: Path, *, now: float | None = None) -> dict[str, Any]:
     error): its state, the queue and outbox counts, and the last error the store keeps —
     blocked (and why), the last reply given up on, failed compactions, a failed notebook rebuild."""
     now = time.time() if now is None else now
+    snap = _snapshot(path)
+
+    def age(at: float | None) -> float | None:
+        return None if at is None else round(max(0.0, now - at), 1)
+
+    rows = [row for chat in snap.chats if (row := _chat_row(chat, snap, age)) is not None]
+    upcoming = [r["next_at"] for r in snap.reminders if not r["paused"] and r["next_at"] is not None]
+    return {
+        "dead": [_dead_message(d) for d in snap.dead],
+        "reminders": {
+            "active": len(snap.reminders), "next_at": min(upcoming) if upcoming else None,
+            "due": [_reminder(r, age) for r in snap.reminders if not r["paused"] and r["next_at"] is not None
+                    and r["next_at"] <= now],
+            "paused": [_reminder(r, age) for r in snap.reminders if r["paused"]],
+        },
+        "database": str(path), "at": now, "chats_known": len(snap.chats),
+        "busy_chats": sum(r["status"] == "busy" for r in rows),
+        "queued": sum(r["queued"] for r in rows), "replies_pending": sum(r["replies_pending"] for r in rows),
+        "chats": rows,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    queue: dict[str, tuple[int, int]]
+    outbox: dict[str, sqlite3.Row]
+    chats: list[sqlite3.Row]
+    dead: list[sqlite3.Row]
+    reminders: list[sqlite3.Row]
+
+
+def _snapshot(path: Path) -> _Snapshot:
+    """One read transaction over what ``iva status`` shows."""
     uri = f"{path.resolve().as_uri()}?mode=ro"
     conn = sqlite3.connect(uri, uri=True, timeout=5.0, isolation_level=None)
     conn.row_factory = sqlite3.Row
@@ -109,63 +143,50 @@ def read_status(path: Path, *, now: float | None = None) -> dict[str, Any]:
         conn.execute("COMMIT")
     finally:
         conn.close()
+    return _Snapshot(queue, outbox, chats, dead, reminders)
 
-    def age(at: float | None) -> float | None:
-        return None if at is None else round(max(0.0, now - at), 1)
 
-    rows: list[dict[str, Any]] = []
-    for chat in chats:
-        address = chat["address"]
-        queued, inflight = queue.get(address, (0, 0))
-        box = outbox.get(address)
-        pending = int(box["pending"]) if box is not None else 0
-        errors: list[str] = []
-        if chat["blocked"]:
-            errors.append(f"blocked: {chat['blocked_reason'] or 'no reason recorded'}")
-        if box is not None and box["last_failed"] is not None:
-            errors.append(f"a reply was given up on {age(box['last_failed']):.0f}s ago")
-        if chat["compact_failures"]:
-            errors.append(f"compaction failed {chat['compact_failures']}x in a row")
-        if chat["notes_rebuild_failed"] is not None and chat["notes_rebuild_failed"] >= 0:  # < 0: a restore's hold
-            errors.append("the notebook rebuild failed")
-        if (buried := sum(d["address"] == address for d in dead)):
-            errors.append(f"{buried} message(s) given up on (iva status --dead; --clear-dead forgets them)")
-        busy = chat["status"] == "busy"
-        if not (busy or queued or inflight or pending or errors):
-            continue
-        rows.append({
-            "address": address, "status": chat["status"], "kind": chat["kind"] if busy else None,
-            "origin": chat["origin"] if busy else None, "busy_for_s": age(chat["busy_since"]) if busy else None,
-            "no_progress_for_s": age(chat["progress_at"]) if busy else None,
-            "waiting_on_person": bool(chat["waiting_input"]) if busy else False,
-            "compact_phase": chat["compact_phase"], "queued": int(queued or 0), "in_flight": int(inflight or 0),
-            "replies_pending": pending,
-            "oldest_pending_reply_s": age(box["oldest_pending"]) if box is not None else None,
-            "last_error": errors[-1] if errors else None, "errors": errors,
-        })
-    def reminder(r: sqlite3.Row) -> dict[str, Any]:
-        text = " ".join(str(r["text"]).split())
-        return {"id": r["id"], "address": r["address"], "text": text if len(text) <= 60 else text[:59] + "…",
-                "next_at": r["next_at"], "due_for_s": age(r["next_at"]) if r["next_at"] is not None else None}
-
-    def dead_message(d: sqlite3.Row) -> dict[str, Any]:
-        payload = json.loads(d["payload"])
-        text = " ".join(str(payload.get("text") or "" if isinstance(payload, dict) else payload).split())
-        return {"id": d["id"], "address": d["address"], "text": text if len(text) <= 60 else text[:59] + "…",
-                "attempts": d["attempts"], "reason": d["reason"], "died_at": d["died_at"],
-                "waited_s": None if d["enqueued_at"] is None else round(d["died_at"] - d["enqueued_at"], 1)}
-
-    upcoming = [r["next_at"] for r in reminders if not r["paused"] and r["next_at"] is not None]
+def _chat_row(chat: sqlite3.Row, snap: _Snapshot, age: Callable[[float | None], float | None]) -> dict[str, Any] | None:
+    """A chat's line of ``iva status``; None when it has nothing to show."""
+    address = chat["address"]
+    queued, inflight = snap.queue.get(address, (0, 0))
+    box = snap.outbox.get(address)
+    pending = int(box["pending"]) if box is not None else 0
+    errors: list[str] = []
+    if chat["blocked"]:
+        errors.append(f"blocked: {chat['blocked_reason'] or 'no reason recorded'}")
+    if box is not None and box["last_failed"] is not None:
+        errors.append(f"a reply was given up on {age(box['last_failed']):.0f}s ago")
+    if chat["compact_failures"]:
+        errors.append(f"compaction failed {chat['compact_failures']}x in a row")
+    if chat["notes_rebuild_failed"] is not None and chat["notes_rebuild_failed"] >= 0:  # < 0: a restore's hold
+        errors.append("the notebook rebuild failed")
+    if (buried := sum(d["address"] == address for d in snap.dead)):
+        errors.append(f"{buried} message(s) given up on (iva status --dead; --clear-dead forgets them)")
+    busy = chat["status"] == "busy"
+    if not (busy or queued or inflight or pending or errors):
+        return None
     return {
-        "dead": [dead_message(d) for d in dead],
-        "reminders": {
-            "active": len(reminders), "next_at": min(upcoming) if upcoming else None,
-            "due": [reminder(r) for r in reminders if not r["paused"] and r["next_at"] is not None
-                    and r["next_at"] <= now],
-            "paused": [reminder(r) for r in reminders if r["paused"]],
-        },
-        "database": str(path), "at": now, "chats_known": len(chats),
-        "busy_chats": sum(r["status"] == "busy" for r in rows),
-        "queued": sum(r["queued"] for r in rows), "replies_pending": sum(r["replies_pending"] for r in rows),
-        "chats": rows,
+        "address": address, "status": chat["status"], "kind": chat["kind"] if busy else None,
+        "origin": chat["origin"] if busy else None, "busy_for_s": age(chat["busy_since"]) if busy else None,
+        "no_progress_for_s": age(chat["progress_at"]) if busy else None,
+        "waiting_on_person": bool(chat["waiting_input"]) if busy else False,
+        "compact_phase": chat["compact_phase"], "queued": int(queued or 0), "in_flight": int(inflight or 0),
+        "replies_pending": pending,
+        "oldest_pending_reply_s": age(box["oldest_pending"]) if box is not None else None,
+        "last_error": errors[-1] if errors else None, "errors": errors,
     }
+
+
+def _reminder(r: sqlite3.Row, age: Callable[[float | None], float | None]) -> dict[str, Any]:
+    text = " ".join(str(r["text"]).split())
+    return {"id": r["id"], "address": r["address"], "text": text if len(text) <= 60 else text[:59] + "…",
+            "next_at": r["next_at"], "due_for_s": age(r["next_at"]) if r["next_at"] is not None else None}
+
+
+def _dead_message(d: sqlite3.Row) -> dict[str, Any]:
+    payload = json.loads(d["payload"])
+    text = " ".join(str(payload.get("text") or "" if isinstance(payload, dict) else payload).split())
+    return {"id": d["id"], "address": d["address"], "text": text if len(text) <= 60 else text[:59] + "…",
+            "attempts": d["attempts"], "reason": d["reason"], "died_at": d["died_at"],
+            "waited_s": None if d["enqueued_at"] is None else round(d["died_at"] - d["enqueued_at"], 1)}
