@@ -90,7 +90,7 @@ class Transcriber:
     @classmethod
     def from_settings(cls, settings: Settings, pool: Pool | None = None) -> Transcriber | None:
         """The transcriber of ``IVA_VOICE=command``; None under any other setting."""
-        if settings.voice != "command" or not settings.transcribe_cmd:
+        if settings.voice.mode != "command" or not settings.transcribe_cmd:
             return None
         return cls(settings.transcribe_cmd, settings.transcribe_timeout, pool)
 

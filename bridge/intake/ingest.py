@@ -386,7 +386,7 @@ class Ingest:
     def _prepare(self, message: Message, inbound: Inbound, user: User, lang: str, *,
                  owner: bool) -> QueuedMessage | str:
         """The message as it waits in the queue, or the short answer that refuses it (T8)."""
-        attachment = self._attachment(message) or self._spoken(message, self.settings.voice)
+        attachment = self._attachment(message) or self._spoken(message, self.settings.voice.mode)
         # A recording or video we do not take is refused even with a caption: it is never dropped
         # silently behind its caption.
         recorded = (message.voice, message.audio, message.video_note, message.video)
@@ -403,7 +403,7 @@ class Ingest:
             return t("file_too_big", lang, size=round((attachment.size or 0) / 1024 / 1024, 1), limit=limit)
         if attachment is None and (untaken or (not text.strip() and not bare_reply)):
             # T8: a short clear answer, never silence
-            return t("unsupported" if self.settings.voice == "refuse" else "unsupported_voice", lang)
+            return t("unsupported" if self.settings.voice.mode == "refuse" else "unsupported_voice", lang)
         return QueuedMessage(
             text=text,
             attachment=attachment,
