@@ -266,12 +266,12 @@ def test_voice_settings_and_their_errors(script: Path, tmp_path: Path):
     line = command(script, "ok", tmp_path / "r")
     good = Settings.from_env({**base, "IVA_VOICE": "Command", "IVA_TRANSCRIBE_CMD": line,
                               "IVA_TRANSCRIBE_TIMEOUT": "2.5"})
-    assert good.voice.mode == "command" and good.transcribe_timeout == 2.5
-    assert good.transcribe_cmd == (sys.executable, str(script), "ok", str(tmp_path / "r"))
-    assert Settings.from_env(base).transcribe_timeout == 60
+    assert good.voice.mode == "command" and good.voice.transcribe_timeout == 2.5
+    assert good.voice.transcribe_cmd == (sys.executable, str(script), "ok", str(tmp_path / "r"))
+    assert Settings.from_env(base).voice.transcribe_timeout == 60
     assert Settings.from_env({**base, "IVA_VOICE": "file"}).voice.mode == "file"
     unused = Settings.from_env({**base, "IVA_VOICE": "file", "IVA_TRANSCRIBE_CMD": "/nonexistent/whisper"})
-    assert unused.transcribe_cmd == ()  # only IVA_VOICE=command reads (and checks) it
+    assert unused.voice.transcribe_cmd == ()  # only IVA_VOICE=command reads (and checks) it
 
     def problems(**env: str) -> list[str]:
         with pytest.raises(ConfigError) as caught:

@@ -19,9 +19,9 @@ GOOD = {
 
 def test_good_config_reads_defaults():
     s = Settings.from_env(GOOD)
-    assert s.owner_ids == {1, 2} and s.turn_policy == "queue" and s.lang == "ru"
-    assert (s.compact_percent, s.compact_ceiling, s.manual_compact_min) == (60, 110_000, 30_000)
-    assert (s.compact_ack_seconds, s.busy_timeout) == (5.0, 900.0)
+    assert s.people.owner_ids == {1, 2} and s.chat.turn_policy == "queue" and s.lang == "ru"
+    assert (s.compaction.percent, s.compaction.ceiling, s.compaction.manual_min) == (60, 110_000, 30_000)
+    assert (s.compaction.ack_seconds, s.chat.busy_timeout) == (5.0, 900.0)
     assert "ABCDEFG" not in repr(s)  # the token never shows
 
 
