@@ -87,7 +87,7 @@ def main() -> int:
     from bridge.config import Settings
 
     settings = Settings.from_env(os.environ)
-    log.configure(settings.log_level, secrets=[settings.telegram_token, settings.eve_token])
+    log.configure(settings.log_level, secrets=[settings.telegram.token, settings.eve.token])
     MODELS[model]()
     ticks: list[tuple[float, float]] = []
 

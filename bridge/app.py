@@ -70,10 +70,10 @@ def make_bot(settings: Settings, *, clock: Callable[[], float] | None = None,
     """aiogram's Bot against ``IVA_TELEGRAM_API_URL`` (``{base}/bot{token}/{method}``), with the
     one pacer in front of every call that posts or edits a message (bridge/telegram/pacing.py; ``clock``
     and ``sleep`` time its 429 holds, a test's own clock)."""
-    session = AiohttpSession(api=TelegramAPIServer.from_base(settings.telegram_api_url))
+    session = AiohttpSession(api=TelegramAPIServer.from_base(settings.telegram.api_url))
     session.middleware(ResponseTypes())
     session.middleware(Pacer(Budget.of(settings), clock=clock or time.monotonic, sleep=sleep or asyncio.sleep))
-    return Bot(settings.telegram_token, session=session)
+    return Bot(settings.telegram.token, session=session)
 
 
 def settle_heap() -> int:
@@ -140,7 +140,7 @@ class Bridge:
                     await services.store.set_meta("eve_version", info.eve_version)
                     logger.info("eve_version_learned", version=info.eve_version,
                                 stream=eve.implied_stream_version(info.eve_version))
-                if self.settings.context_window:
+                if self.settings.compaction.context_window:
                     return
                 window.learn(info.context_window_tokens)
                 logger.info("eve_window_learned", window=window.tokens, threshold=await services.threshold())
@@ -168,7 +168,7 @@ class Bridge:
                 BotCommand(command="status", description=t("cmd_status", lang)),
                 BotCommand(command="reminders", description=t("cmd_reminders", lang)),
                 *([BotCommand(command="model", description=t("cmd_model", lang))] if self.settings.models else []),
-                *([BotCommand(command="notes", description=t("cmd_notes", lang))] if self.settings.notes_enabled else []),
+                *([BotCommand(command="notes", description=t("cmd_notes", lang))] if self.settings.notes.enabled else []),
                 BotCommand(command="topic", description=t("cmd_topic", lang)),
                 BotCommand(command="invite", description=t("cmd_invite", lang)),
                 BotCommand(command="users", description=t("cmd_users", lang)),
@@ -319,7 +319,7 @@ async def open_bridge(settings: Settings, stack: contextlib.AsyncExitStack, *,
     close_bot = seams.close_bot
     stack.push_async_callback(bot.session.close if close_bot is None else lambda: close_bot(bot))
     client = eve.EveClient(
-        s.eve_url, token=s.eve_token, transport=seams.eve_transport,
+        s.eve.url, token=s.eve.token, transport=seams.eve_transport,
         on_malformed=lambda _sid, _line: METRICS.malformed.inc(),
     )
     await stack.enter_async_context(client)
@@ -344,7 +344,7 @@ async def open_bridge(settings: Settings, stack: contextlib.AsyncExitStack, *,
                        expires_in_s=int(PAIRING_SECONDS),
                        hint="open the link in Telegram: whoever opens it first becomes the bot's owner")
     structlog.contextvars.clear_contextvars()
-    logger.info("bridge_starting", bot=me.username, policy=s.turn_policy, state=str(s.db_path),
+    logger.info("bridge_starting", bot=me.username, policy=s.chat.turn_policy, state=str(s.db_path),
                 retention_days=s.retention_days,
                 requeued=requeued)
     scheduler = Scheduler(services)
@@ -354,19 +354,19 @@ async def open_bridge(settings: Settings, stack: contextlib.AsyncExitStack, *,
     reminders = Reminders(db, store, pushes, default_tz=s.tz, clock=seams.clock.now)
     commands = Commands(services, scheduler, reminders)
     ingest = Ingest(services=services, me=me, scheduler=scheduler, commands=commands)
-    owner_api = OwnerApi(s.api_token, notebook, store)
+    owner_api = OwnerApi(s.api.token, notebook, store)
     routes: list[Callable[[web.Application], None]] = [owner_api.routes, PushApi(owner_api.guard, pushes, reminders).routes]
     if notebook.enabled:  # N8: disabled means no tools at all
-        if not s.mcp_token:
-            logger.warning("mcp_without_token", listen=s.api_listen,
+        if not s.api.mcp_token:
+            logger.warning("mcp_without_token", listen=s.api.listen,
                            fix="set IVA_MCP_TOKEN, and the same value as NOTEBOOK_MCP_TOKEN where eve builds")
-        routes.append(McpServer(notebook, store, token=s.mcp_token, reminders=reminders).routes)
+        routes.append(McpServer(notebook, store, token=s.api.mcp_token, reminders=reminders).routes)
     webhook = None
-    if s.webhook_url is not None:  # O1: Telegram calls us instead of being polled
-        assert s.webhook_secret is not None  # Settings.from_env requires it
-        webhook = Webhook(ingest, url=s.webhook_url, secret=s.webhook_secret, listen=s.webhook_listen)
-    listener = Listener(s.api_listen, store=store, queue=queue, ingest=ingest, routes=routes,
-                        busy_timeout=s.busy_timeout, reply_stale_after=s.health_reply_seconds,
+    if s.webhook.url is not None:  # O1: Telegram calls us instead of being polled
+        assert s.webhook.secret is not None  # Settings.from_env requires it
+        webhook = Webhook(ingest, url=s.webhook.url, secret=s.webhook.secret, listen=s.webhook.listen)
+    listener = Listener(s.api.listen, store=store, queue=queue, ingest=ingest, routes=routes,
+                        busy_timeout=s.chat.busy_timeout, reply_stale_after=s.api.health_reply_seconds,
                         webhook=webhook, eve=client)
     if seams.listen:
         try:
@@ -374,7 +374,7 @@ async def open_bridge(settings: Settings, stack: contextlib.AsyncExitStack, *,
             stack.push_async_callback(listener.stop)
         except OSError as exc:
             # A busy port must not keep the bridge from answering people.
-            logger.error("http_listen_failed", listen=s.api_listen, error=str(exc))
+            logger.error("http_listen_failed", listen=s.api.listen, error=str(exc))
     return Opened(state=state, bot=bot, client=client, me=me, sender=sender, notebook=notebook,
                   rebuilder=rebuilder, services=services, scheduler=scheduler, pushes=pushes,
                   reminders=reminders, commands=commands, ingest=ingest, routes=routes, webhook=webhook,
@@ -385,7 +385,7 @@ async def tell_owners_without_state(settings: Settings, quarantined: Path, error
     """R5 when the fresh database cannot be made (a full disk): the owners the environment and
     the quarantined file name hear it from the bot, sent directly (no outbox: nothing is durable);
     a failure to send is logged, never raised over the exit that says why."""
-    owners = set(settings.owner_ids) | owners_of(quarantined)
+    owners = set(settings.people.owner_ids) | owners_of(quarantined)
     bot = make_bot(settings)
     try:
         for owner in sorted(owners):
@@ -400,14 +400,14 @@ async def tell_owners_without_state(settings: Settings, quarantined: Path, error
 
 def notebook_config(settings: Settings) -> NotebookConfig:
     defaults = PressureTexts()
-    window, wrap, nudge = settings.notes_texts
+    window, wrap, nudge = settings.notes.texts
     texts = PressureTexts(window=window or defaults.window, wrap=wrap or defaults.wrap, nudge=nudge or defaults.nudge)
-    return NotebookConfig(enabled=settings.notes_enabled, connection=settings.notes_connection, texts=texts,
-                          inturn_percent=settings.inturn_percent)
+    return NotebookConfig(enabled=settings.notes.enabled, connection=settings.notes.connection, texts=texts,
+                          inturn_percent=settings.compaction.inturn_percent)
 
 
 async def run(settings: Settings) -> int:
-    if (problem := listener_problem(settings.api_listen, settings.notes_enabled, settings.mcp_token)) is not None:
+    if (problem := listener_problem(settings.api.listen, settings.notes.enabled, settings.api.mcp_token)) is not None:
         logger.error("start_refused", problem=problem)  # S1; Settings.from_env refuses it first
         return 2
     try:

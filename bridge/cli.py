@@ -50,8 +50,8 @@ async def _check(settings: Settings) -> int:
     bot = make_bot(settings)
     try:
         me = await bot.get_me(request_timeout=10)
-        print(f"ok   telegram: @{me.username} (id {me.id}) at {settings.telegram_api_url}")
-        if not settings.owner_ids and (note := pairing_note(settings.db_path, os.environ, username=me.username)):
+        print(f"ok   telegram: @{me.username} (id {me.id}) at {settings.telegram.api_url}")
+        if not settings.people.owner_ids and (note := pairing_note(settings.db_path, os.environ, username=me.username)):
             print(f"note {note}")
             # V6: nobody could let the assistant go on past eve's session budget
             warnings.append("the bot has no owner yet: eve's budget prompts (the agent's limits.sessionUsage) go to "
@@ -59,11 +59,11 @@ async def _check(settings: Settings) -> int:
     except TelegramUnauthorizedError:
         problems.append("telegram: the bot token was rejected (IVA_TELEGRAM_TOKEN)")
     except TelegramNetworkError as exc:
-        problems.append(f"telegram: cannot reach {settings.telegram_api_url}: {exc.message}")
+        problems.append(f"telegram: cannot reach {settings.telegram.api_url}: {exc.message}")
     except TelegramAPIError as exc:
         problems.append(f"telegram: getMe failed: {exc.message}")
     except ClientDecodeError as exc:
-        problems.append(f"telegram: {settings.telegram_api_url} answered getMe with something that is not a Bot "
+        problems.append(f"telegram: {settings.telegram.api_url} answered getMe with something that is not a Bot "
                         f"API user: {undecodable(exc)}")
     except Exception as exc:  # iva check never shows a traceback: one line per problem
         problems.append(f"telegram: getMe failed: {type(exc).__name__}: {exc}")
@@ -72,54 +72,54 @@ async def _check(settings: Settings) -> int:
     finally:
         await bot.session.close()
 
-    async with eve.EveClient(settings.eve_url, token=settings.eve_token,
+    async with eve.EveClient(settings.eve.url, token=settings.eve.token,
                              retry=eve.RetryPolicy(attempts=2, deadline=10)) as client:
         try:
             health = await client.health()
             if health.ok:
-                print(f"ok   eve: {settings.eve_url} is {health.status or 'up'}")
+                print(f"ok   eve: {settings.eve.url} is {health.status or 'up'}")
             else:
-                problems.append(f"eve: {settings.eve_url} says it is not ready ({health.status})")
+                problems.append(f"eve: {settings.eve.url} says it is not ready ({health.status})")
         except eve.EveError as exc:
-            problems.append(f"eve: cannot reach {settings.eve_url}/eve/v1/health: {exc}")
+            problems.append(f"eve: cannot reach {settings.eve.url}/eve/v1/health: {exc}")
         except Exception as exc:  # iva check never shows a traceback: one line per problem
             problems.append(f"eve: /eve/v1/health failed: {type(exc).__name__}: {exc}")
         else:
             problems.extend(await _stream_version(client, warnings))
             try:
                 info = await client.info()
-                window = settings.context_window or info.context_window_tokens
-                ours = parking.threshold(window, settings.compact_percent, settings.compact_ceiling)
+                window = settings.compaction.context_window or info.context_window_tokens
+                ours = parking.threshold(window, settings.compaction.percent, settings.compaction.ceiling)
                 dynamic = _dynamic_model(info.raw)
                 if not dynamic or not settings.models:
                     print(f"ok   eve agent: model {info.model_id or '(chosen per turn)'}, "
                           f"window {info.context_window_tokens or '(not reported)'}, parking threshold {ours}")
                 warnings.extend(_models(settings, dynamic, info.model_id))
-                if settings.context_window and info.context_window_tokens and \
-                        settings.context_window != info.context_window_tokens:
-                    warnings.append(f"IVA_CONTEXT_WINDOW={settings.context_window} but eve reports "
+                if settings.compaction.context_window and info.context_window_tokens and \
+                        settings.compaction.context_window != info.context_window_tokens:
+                    warnings.append(f"IVA_CONTEXT_WINDOW={settings.compaction.context_window} but eve reports "
                                     f"{info.context_window_tokens}")
                 if window:
-                    safety = parking.in_turn_threshold(window, settings.inturn_percent)
+                    safety = parking.in_turn_threshold(window, settings.compaction.inturn_percent)
                     if ours >= safety:
                         warnings.append(
                             f"the parking threshold {ours} is not below eve's in-turn safety net {safety} "
                             f"(min(75% of {window}, 137 500)); eve would compact inside turns first. "
                             "Lower IVA_COMPACT_PERCENT/IVA_COMPACT_CEILING (see examples/eve-agent/agent.ts)"
                         )
-                if settings.notes_enabled and dynamic:
+                if settings.notes.enabled and dynamic:
                     print("note notebook: eve's agent chooses its definitions per turn (examples/eve-agent): /info "
                           "lists its notebook connection only once a turn used it, so it is not checked here")
-                elif settings.notes_enabled:
+                elif settings.notes.enabled:
                     warnings.extend(_notebook_connection(settings, info.raw))
             except eve.EveUnauthorized:
                 problems.append("eve: the token was rejected (IVA_EVE_TOKEN)")
             except eve.EveRejected as exc:
                 if exc.status != 403:
                     problems.append(f"eve: /eve/v1/info failed: {exc}")
-                elif settings.context_window:  # V8
+                elif settings.compaction.context_window:  # V8
                     warnings.append(f"eve: this token cannot read /eve/v1/info ({exc.code or 403}: eve 1.x serves it "
-                                    f"to service callers only); the window is IVA_CONTEXT_WINDOW={settings.context_window}")
+                                    f"to service callers only); the window is IVA_CONTEXT_WINDOW={settings.compaction.context_window}")
                 else:
                     problems.append(f"eve: this token cannot read /eve/v1/info ({exc.code or 403}: eve 1.x serves it "
                                     "to service callers only), so the context window is unknown: set "
@@ -171,7 +171,7 @@ async def _webhook(settings: Settings, bot: Bot) -> list[str]:
     """O1: webhook mode needs an https URL and Telegram reporting no delivery error for it;
     polling mode is told about a webhook still set (Iva deletes it at start, keeping its updates)."""
     problems: list[str] = []
-    url = settings.webhook_url
+    url = settings.webhook.url
     if url is not None and not url.lower().startswith("https://"):
         problems.append(f"webhook: IVA_TELEGRAM_WEBHOOK_URL={url} is not https: Telegram only calls https URLs "
                         "(end TLS at a reverse proxy in front of IVA_WEBHOOK_LISTEN)")
@@ -215,18 +215,18 @@ def _models(settings: Settings, dynamic: bool, model_id: str | None) -> list[str
     """D1, D3: each allowed model's window and parking threshold, and the agent's side of it."""
     warnings: list[str] = []
     for model in settings.models.entries:
-        ours = parking.threshold(model.window, settings.compact_percent, settings.compact_ceiling)
+        ours = parking.threshold(model.window, settings.compaction.percent, settings.compaction.ceiling)
         print(f"ok   model {model.name}: {model.id}, window {model.window}, parking threshold {ours}"
               + (" (the default)" if model is settings.models.default else "")
               + (" (the notebook's, IVA_NOTES_MODEL)" if model is settings.models.notes else ""))
-        safety = parking.in_turn_threshold(model.window, settings.inturn_percent)
+        safety = parking.in_turn_threshold(model.window, settings.compaction.inturn_percent)
         if ours >= safety:
             warnings.append(f"model {model.name}: the parking threshold {ours} is not below eve's in-turn safety "
                             f"net {safety}; lower IVA_COMPACT_PERCENT/IVA_COMPACT_CEILING")
     if settings.models and not dynamic:
         warnings.append(f"IVA_MODELS is set, but eve's agent answers on one fixed model ({model_id or '?'}): /model "
                         "choices do not reach it; build it from examples/eve-agent (model: defineDynamic)")
-    elif dynamic and not settings.models and not settings.context_window:
+    elif dynamic and not settings.models and not settings.compaction.context_window:
         warnings.append("eve's agent chooses its model per turn and names no window: set IVA_MODELS (the same value "
                         "where eve runs), or IVA_CONTEXT_WINDOW")
     return warnings
@@ -237,22 +237,22 @@ def _notebook_connection(settings: Settings, raw: object) -> list[str]:
     agent = raw.get("agent") if isinstance(raw, dict) else None
     found = (raw.get("connections") if isinstance(raw, dict) else None) or \
         (agent.get("connections") if isinstance(agent, dict) else None) or []
-    name = settings.notes_connection
+    name = settings.notes.connection
     mine = next((c for c in found if isinstance(c, dict) and c.get("connectionName") == name), None)
-    expected = f"http://{settings.api_listen}/mcp"
+    expected = f"http://{settings.api.listen}/mcp"
     if mine is None:
         return [f"notebook: eve's agent has no connection named {name!r}, so the model cannot write notes; "
                 "add examples/eve-agent/connections/notebook.ts to it (or set IVA_NOTES_ENABLED=0)"]
     url = str(mine.get("url") or "")
-    if url.rstrip("/") != expected and not url.endswith(f":{settings.api_listen.rpartition(':')[2]}/mcp"):
+    if url.rstrip("/") != expected and not url.endswith(f":{settings.api.listen.rpartition(':')[2]}/mcp"):
         return [f"notebook: eve's {name!r} connection points at {url}, but Iva serves it at {expected}"]
     print(f"ok   notebook: eve's {name!r} connection points at {url}")
     # S1. eve's /info reports no connection's headers (hasHeaders is false even when a headers
     # resolver is set, PROTOCOL.md §11), so whether eve sends the token cannot be seen from here.
     print(f"note notebook: eve's /info does not show the {name!r} connection's headers, so whether eve sends "
           "the /mcp token is not checked here; a missing or wrong one shows as mcp_unauthorized in Iva's log")
-    if not settings.mcp_token:
-        return [f"notebook: IVA_MCP_TOKEN is not set, so /mcp on {settings.api_listen} takes calls from any "
+    if not settings.api.mcp_token:
+        return [f"notebook: IVA_MCP_TOKEN is not set, so /mcp on {settings.api.listen} takes calls from any "
                 "local process; set it, and the same value as NOTEBOOK_MCP_TOKEN where eve builds "
                 "(examples/eve-agent/connections/notebook.ts sends it)"]
     return []

@@ -1,7 +1,7 @@
 """The one error tree of the bridge (eve's own errors are :mod:`eve_client`'s, drawn there).
 
     BridgeError
-    ├── ConfigError            config.py: every problem found in the environment, one line each
+    ├── ConfigError            config/_env.py: every problem found in the environment, one line each
     ├── StateUnavailable       storage/state.py: the state database cannot be used (locked, full, not permitted)
     ├── StateCorrupt           storage/state.py: SQLite found the database corrupt while the bridge ran (exit 5)
     ├── SchemaMismatch         storage/schema.py: the database's schema is not this Iva's (iva status)

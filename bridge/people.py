@@ -94,12 +94,12 @@ class People:
 
     async def role(self, user_id: int) -> Role | None:
         s = self.settings
-        if user_id in s.owner_ids:
+        if user_id in s.people.owner_ids:
             return Role.OWNER
         row = await self.store.person(user_id)
         if row is not None and row.role == Role.OWNER:
             return Role.OWNER
-        if user_id in s.allowed_user_ids or row is not None:
+        if user_id in s.people.allowed_user_ids or row is not None:
             return Role.ALLOWED
         return None
 
@@ -110,21 +110,21 @@ class People:
         return await self.role(user_id) is not None
 
     async def has_owner(self) -> bool:
-        return bool(self.settings.owner_ids) or bool(await self.store.people(str(Role.OWNER)))
+        return bool(self.settings.people.owner_ids) or bool(await self.store.people(str(Role.OWNER)))
 
     async def owners(self) -> list[int]:
         """Every owner, the environment's and the paired one."""
         rows = await self.store.people(str(Role.OWNER))
-        return sorted(self.settings.owner_ids | {r.user_id for r in rows})
+        return sorted(self.settings.people.owner_ids | {r.user_id for r in rows})
 
     async def everyone(self) -> list[Person]:
         """Owners first, then allowed people; the environment's before the database's."""
         s = self.settings
         rows = await self.store.people()
-        out = [Person(u, Role.OWNER, "", True) for u in sorted(s.owner_ids)]
+        out = [Person(u, Role.OWNER, "", True) for u in sorted(s.people.owner_ids)]
         out += [Person(r.user_id, Role(r.role), r.name, False) for r in rows
-                if r.role == Role.OWNER and r.user_id not in s.owner_ids]
-        out += [Person(u, Role.ALLOWED, "", True) for u in sorted(s.allowed_user_ids - s.owner_ids)]
+                if r.role == Role.OWNER and r.user_id not in s.people.owner_ids]
+        out += [Person(u, Role.ALLOWED, "", True) for u in sorted(s.people.allowed_user_ids - s.people.owner_ids)]
         listed = {p.user_id for p in out}
         out += [Person(r.user_id, Role(r.role), r.name, False) for r in rows
                 if r.role == Role.ALLOWED and r.user_id not in listed]
@@ -133,7 +133,7 @@ class People:
     async def remove(self, user_id: int) -> bool:
         """Take a person of the database away (in the caller's transaction); the environment's
         cannot be removed here. False when there was nobody to remove."""
-        if user_id in self.settings.owner_ids or user_id in self.settings.allowed_user_ids:
+        if user_id in self.settings.people.owner_ids or user_id in self.settings.people.allowed_user_ids:
             return False
         return bool(await self.store.remove_person(user_id))
 
@@ -152,7 +152,7 @@ class People:
         new one is made. Returns that code, or None when the bot has an owner."""
         async with self.store.db.transaction():
             await self.store.set_people_meta("bot_username", username or "")
-            await self.store.set_people_meta("env_owners", "1" if self.settings.owner_ids else "0")
+            await self.store.set_people_meta("env_owners", "1" if self.settings.people.owner_ids else "0")
             await self.store.drop_unused_codes(str(Role.OWNER))
             if await self.has_owner():
                 return None

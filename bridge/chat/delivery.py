@@ -49,7 +49,7 @@ async def send(s: Services, address: str, claim: str, items: Sequence[Queued], *
     cannot be: its turn is in the old session). The turn is composed once, before: its files
     fetched, its recordings transcribed (in this worker, never in ingest's loop)."""
     # I4: the recordings heard first, without a file slot (a transcriber may take a while).
-    heard = await hear(s.sender.bot, items, max_file_mb=s.settings.max_file_mb,
+    heard = await hear(s.sender.bot, items, max_file_mb=s.settings.telegram.max_file_mb,
                        transcriber=Transcriber.from_settings(s.settings, s.hearing), media=s.media)
     async with contextlib.AsyncExitStack() as held:
         if any(isinstance(i, QueuedMessage) and i.attachment is not None and not i.attachment.transcribe
@@ -126,7 +126,7 @@ async def _compose(s: Services, address: str, items: Sequence[Queued],
                    heard: dict[str, str | None] | None = None) -> Composed:
     """The turn for eve. Recordings left out (no transcript) are answered now, once each (keyed
     by the message), and the rest goes on; when nothing is left, :class:`Unheard`."""
-    composed = await compose(s.sender.bot, items, max_file_mb=s.settings.max_file_mb,
+    composed = await compose(s.sender.bot, items, max_file_mb=s.settings.telegram.max_file_mb,
                              transcriber=Transcriber.from_settings(s.settings, s.hearing), media=s.media, heard=heard)
     if composed.unheard and not composed.message:
         raise Unheard(composed.unheard)

@@ -72,12 +72,12 @@ async def resume(s: Services, inbox: Inbox, chat: Chat) -> None:
             # The age on the steady clock (F9): the queue's stamps are steady wall times, and a
             # step of the wall clock since (or a restart in the same boot) does not age it.
             first = min((m.enqueued_at for m in mine), default=None)
-            age = 0.0 if first is None else s.transitions.spent(first, limit=s.settings.send_max_age)
+            age = 0.0 if first is None else s.transitions.spent(first, limit=s.settings.eve.send_max_age)
             # A cap by attempts or by age, either one (a message eve fails on slowly, each try
             # far apart, must not hold the chat for ever); an outage is never counted (R6).
-            if tried >= s.settings.send_attempts or (tried and age >= s.settings.send_max_age):
+            if tried >= s.settings.eve.send_attempts or (tried and age >= s.settings.eve.send_max_age):
                 logger.error("eve_send_given_up", attempts=tried, age_s=round(age), messages=[m.id for m in inflight])
-                dead = f"eve failed on it {tried}x" + (f" over {round(age)}s" if tried < s.settings.send_attempts else "")
+                dead = f"eve failed on it {tried}x" + (f" over {round(age)}s" if tried < s.settings.eve.send_attempts else "")
                 await end(s, chat.address, chat.claim, Refused(t("eve_server_error", chat.lang), dead=dead))
                 return
             events = page.events if page is not None else []

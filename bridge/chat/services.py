@@ -158,7 +158,7 @@ class Services:
     async def threshold(self, address: str | None = None) -> int:
         """The parking threshold of the chat's model (D3); without an address, the agent's."""
         s = self.settings
-        return parking.threshold(await self.window_of(address), s.compact_percent, s.compact_ceiling)
+        return parking.threshold(await self.window_of(address), s.compaction.percent, s.compaction.ceiling)
 
     @classmethod
     def build(cls, *, settings: Settings, eve_client: EveClient, store: Store, queue: DiskQueue, sender: Sender,
@@ -172,4 +172,4 @@ class Services:
                    people=People(store, settings), notebook=notebook,
                    models=models or ChatModels(store.db, settings.models),
                    rebuilder=rebuilder if notebook is not None else None,
-                   window=ContextWindow(settings.context_window), clock=clock or PeriodClock())
+                   window=ContextWindow(settings.compaction.context_window), clock=clock or PeriodClock())

@@ -61,7 +61,7 @@ class Speaker:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Speaker | None:
-        return cls(settings.speak_cmd, settings.speak_timeout) if settings.speak_cmd else None
+        return cls(settings.voice.speak_cmd, settings.voice.speak_timeout) if settings.voice.speak_cmd else None
 
     async def speak(self, text: str) -> bytes:
         """OGG/Opus audio of ``text``; raises :class:`SpeakFailed`."""

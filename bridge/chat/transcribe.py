@@ -90,9 +90,9 @@ class Transcriber:
     @classmethod
     def from_settings(cls, settings: Settings, pool: Pool | None = None) -> Transcriber | None:
         """The transcriber of ``IVA_VOICE=command``; None under any other setting."""
-        if settings.voice != "command" or not settings.transcribe_cmd:
+        if settings.voice.mode != "command" or not settings.voice.transcribe_cmd:
             return None
-        return cls(settings.transcribe_cmd, settings.transcribe_timeout, pool)
+        return cls(settings.voice.transcribe_cmd, settings.voice.transcribe_timeout, pool)
 
     def slot(self) -> AbstractAsyncContextManager[None]:
         """One of the pool's slots, held for a recording's download and its transcription (F13)."""

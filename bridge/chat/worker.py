@@ -40,7 +40,7 @@ class Scheduler:
 
     def __init__(self, services: Services) -> None:
         self.s = services
-        self.slots = asyncio.Semaphore(services.settings.max_turns)
+        self.slots = asyncio.Semaphore(services.settings.chat.max_turns)
         self.workers: dict[str, ChatWorker] = {}
         self._closing = False
 
@@ -198,9 +198,9 @@ class ChatWorker:
         slot = Slot(self.slots)
         await slot.take()
         try:
-            claimed = await s.transitions.claim_turn(self.address, limit=s.settings.batch_size,
-                                                     files_budget=files_budget(s.settings.max_file_mb),
-                                                     file_cap=s.settings.max_file_mb * 1024 * 1024)
+            claimed = await s.transitions.claim_turn(self.address, limit=s.settings.chat.batch_size,
+                                                     files_budget=files_budget(s.settings.telegram.max_file_mb),
+                                                     file_cap=s.settings.telegram.max_file_mb * 1024 * 1024)
             if claimed is None:
                 chat = await s.store.chat(self.address)
                 # Taken meanwhile (/compact, /new), or only stale button presses were taken off:

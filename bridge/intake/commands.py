@@ -215,7 +215,7 @@ class Commands:
             return await self._owner_answer(message, address, key, t("owner_only", lang))
         if message.chat.type != "private":
             return await self._owner_answer(message, address, key, t("invite_private_only", lang))
-        hours = s.settings.invite_hours
+        hours = s.settings.people.invite_hours
         username = (await s.sender.bot.me()).username
         addr = str(address)
         async with s.store.db.transaction():
@@ -337,7 +337,7 @@ class Commands:
                 elif chat is not None and chat.busy:
                     text = t(already if chat.kind is Kind.COMPACT else "compact_after_answer", lang)
                 elif (chat is None or not chat.eve_session or chat.reset_mark or chat.measurement is None
-                      or chat.measurement < s.settings.manual_compact_min):
+                      or chat.measurement < s.settings.compaction.manual_min):
                     text = t("compact_nothing", lang)  # M2: small or unknown
                 else:
                     captured = await s.transitions.capture_manual(addr, before=chat.measurement,

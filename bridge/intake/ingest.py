@@ -386,7 +386,7 @@ class Ingest:
     def _prepare(self, message: Message, inbound: Inbound, user: User, lang: str, *,
                  owner: bool) -> QueuedMessage | str:
         """The message as it waits in the queue, or the short answer that refuses it (T8)."""
-        attachment = self._attachment(message) or self._spoken(message, self.settings.voice)
+        attachment = self._attachment(message) or self._spoken(message, self.settings.voice.mode)
         # A recording or video we do not take is refused even with a caption: it is never dropped
         # silently behind its caption.
         recorded = (message.voice, message.audio, message.video_note, message.video)
@@ -398,12 +398,12 @@ class Ingest:
         reply = quoted(message, self.me)
         # A bare mention replying to a message ("@iva" under a photo) asks about that message.
         bare_reply = reply is not None and message.text is not None
-        limit = self.settings.max_file_mb
+        limit = self.settings.telegram.max_file_mb
         if attachment is not None and (attachment.size or 0) > limit * 1024 * 1024:
             return t("file_too_big", lang, size=round((attachment.size or 0) / 1024 / 1024, 1), limit=limit)
         if attachment is None and (untaken or (not text.strip() and not bare_reply)):
             # T8: a short clear answer, never silence
-            return t("unsupported" if self.settings.voice == "refuse" else "unsupported_voice", lang)
+            return t("unsupported" if self.settings.voice.mode == "refuse" else "unsupported_voice", lang)
         return QueuedMessage(
             text=text,
             attachment=attachment,
@@ -427,7 +427,7 @@ class Ingest:
 
     async def _notice(self, address: Address, key: str, message_id: int, lang: str) -> bool:
         """C3: once per compaction per chat, in the same transaction as the message."""
-        if self.settings.turn_policy != "queue" or not await self.transitions.notify_compacting(str(address)):
+        if self.settings.chat.turn_policy != "queue" or not await self.transitions.notify_compacting(str(address)):
             return False
         await self.s.outbox.say_to(str(address), address.chat_id, address.thread_id, f"c3:{key}",
                                    t("compacting_notice", lang), reply_to=message_id)
@@ -436,7 +436,7 @@ class Ingest:
     def _received(self, address: Address, message_id: int, chat: Chat | None, notice: bool) -> None:
         """After the commit: the receipt (unless the commit wrote the C3 notice, which it sends), and
         the chat's worker woken."""
-        if not notice and chat is not None and chat.busy and self.settings.turn_policy == "queue" and not chat.waiting_input:
+        if not notice and chat is not None and chat.busy and self.settings.chat.turn_policy == "queue" and not chat.waiting_input:
             # The receipt comes after the commit, never before: "received, waiting its turn".
             self.spawn(self.sender.react(address.chat_id, message_id, RECEIPT_QUEUED))
         self.wake(str(address))

@@ -106,10 +106,10 @@ class Budget:
 
     @classmethod
     def of(cls, settings: Settings) -> Budget:
-        return cls(rate=settings.send_rate, chat_burst=settings.send_chat_burst, chat_rate=settings.send_chat_rate,
-                   group_per_minute=settings.send_group_per_minute,
-                   group_burst=settings.send_group_burst, draft_rate=settings.draft_rate,
-                   draft_timeout=settings.draft_timeout)
+        return cls(rate=settings.pacing.rate, chat_burst=settings.pacing.chat_burst, chat_rate=settings.pacing.chat_rate,
+                   group_per_minute=settings.pacing.group_per_minute,
+                   group_burst=settings.pacing.group_burst, draft_rate=settings.pacing.draft_rate,
+                   draft_timeout=settings.pacing.draft_timeout)
 
     def chat_limiter(self, chat_id: int | str) -> AsyncLimiter:
         """A private chat: a burst, then the chat's rate. A group (a negative id or a @channel):

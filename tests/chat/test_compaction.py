@@ -142,7 +142,7 @@ async def test_late_acknowledgement_releases_then_recaptures(tmp_path, tg, fake_
         await tg.message("big [[tokens=120000]]", user_id=OWNER)
         await wait_chat(d, tg, compacting, "compacting")
         await h.until(lambda: clock.waiting >= 1, what="the compaction waiting on its ack window")
-        await clock.advance(h.settings.compact_ack_seconds - 0.5)
+        await clock.advance(h.settings.compaction.ack_seconds - 0.5)
         await clock.settled()  # the window's deadline has seen the new reading, and did not pass
         assert clock.waiting >= 1 and compacting(d.chat(A)) and not acknowledged()  # held within the window
         await clock.advance(1)

@@ -60,7 +60,7 @@ async def test_voice_is_refused_by_default_as_before(running: Any, tg: FakeTeleg
     """IVA_VOICE unset (refuse): a voice message, an audio file and a video note each get the
     short clear answer; eve hears of none of them."""
     h = await running()
-    assert h.settings.voice == "refuse"
+    assert h.settings.voice.mode == "refuse"
     tg.files["v1"] = OGG
     await tg.message(None, user_id=OWNER, extra=voice("v1", OGG))
     await tg.message(None, user_id=OWNER, extra={"audio": {"file_id": "a1", "file_unique_id": "a1", "duration": 9}})
@@ -266,12 +266,12 @@ def test_voice_settings_and_their_errors(script: Path, tmp_path: Path):
     line = command(script, "ok", tmp_path / "r")
     good = Settings.from_env({**base, "IVA_VOICE": "Command", "IVA_TRANSCRIBE_CMD": line,
                               "IVA_TRANSCRIBE_TIMEOUT": "2.5"})
-    assert good.voice == "command" and good.transcribe_timeout == 2.5
-    assert good.transcribe_cmd == (sys.executable, str(script), "ok", str(tmp_path / "r"))
-    assert Settings.from_env(base).transcribe_timeout == 60
-    assert Settings.from_env({**base, "IVA_VOICE": "file"}).voice == "file"
+    assert good.voice.mode == "command" and good.voice.transcribe_timeout == 2.5
+    assert good.voice.transcribe_cmd == (sys.executable, str(script), "ok", str(tmp_path / "r"))
+    assert Settings.from_env(base).voice.transcribe_timeout == 60
+    assert Settings.from_env({**base, "IVA_VOICE": "file"}).voice.mode == "file"
     unused = Settings.from_env({**base, "IVA_VOICE": "file", "IVA_TRANSCRIBE_CMD": "/nonexistent/whisper"})
-    assert unused.transcribe_cmd == ()  # only IVA_VOICE=command reads (and checks) it
+    assert unused.voice.transcribe_cmd == ()  # only IVA_VOICE=command reads (and checks) it
 
     def problems(**env: str) -> list[str]:
         with pytest.raises(ConfigError) as caught:

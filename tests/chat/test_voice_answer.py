@@ -123,7 +123,7 @@ async def test_a_failing_or_hanging_speaker_falls_back_to_text(speaking: Any, tg
 
 async def test_the_speaker_is_off_by_default_and_its_program_must_exist(tmp_path: Path):
     base = {"IVA_TELEGRAM_TOKEN": TOKEN, "IVA_EVE_URL": "http://127.0.0.1:3000"}
-    assert Settings.from_env(base).speak_cmd == () and Speaker.from_settings(Settings.from_env(base)) is None
+    assert Settings.from_env(base).voice.speak_cmd == () and Speaker.from_settings(Settings.from_env(base)) is None
     with pytest.raises(ConfigError) as caught:
         Settings.from_env({**base, "IVA_SPEAK_CMD": "no-such-speaker --voice en"})
     assert any("IVA_SPEAK_CMD" in p and "no-such-speaker" in p for p in caught.value.problems)

@@ -117,9 +117,9 @@ async def test_a_commit_not_durable_in_time_answers_503_and_the_retry_joins_it(t
 def test_webhook_settings_are_validated_with_the_others():
     base = {"IVA_TELEGRAM_TOKEN": TOKEN, "IVA_EVE_URL": "http://127.0.0.1:1", "IVA_OWNER_IDS": "1"}
     settings = Settings.from_env(base)
-    assert settings.webhook_url is None and settings.webhook_listen == "127.0.0.1:8443"
+    assert settings.webhook.url is None and settings.webhook.listen == "127.0.0.1:8443"
     good = {**base, "IVA_TELEGRAM_WEBHOOK_URL": "https://bot.example.org/tg", "IVA_TELEGRAM_WEBHOOK_SECRET": "s_1-A"}
-    assert Settings.from_env(good).webhook_secret == "s_1-A"
+    assert Settings.from_env(good).webhook.secret == "s_1-A"
     assert "s_1-A" not in repr(Settings.from_env(good))
     cases = [
         ({"IVA_TELEGRAM_WEBHOOK_URL": "https://bot.example.org/tg"}, "needs IVA_TELEGRAM_WEBHOOK_SECRET"),
@@ -167,7 +167,7 @@ def test_an_http_webhook_url_is_refused_unless_a_local_bot_api_server_calls_it()
         Settings.from_env(base)
     assert any("'http://bot.example.org/tg' is not https" in p for p in caught.value.problems), caught.value.problems
     local = Settings.from_env({**base, "IVA_TELEGRAM_API_URL": "http://127.0.0.1:8081"})
-    assert local.webhook_url == "http://bot.example.org/tg"
+    assert local.webhook.url == "http://bot.example.org/tg"
 
 
 class _Ingest:

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import diskqueue
 import eve_client
-from bridge.config import ConfigError, Settings
+from bridge.config import (
+    DEFAULT_BUSY_TIMEOUT,
+    DEFAULT_EVE_GRACE,
+    DEFAULT_SEND_RATE,
+    ConfigError,
+    Env,
+    EveConfig,
+    PeopleConfig,
+    Settings,
+    TelegramConfig,
+    VoiceConfig,
+    read_voice,
+)
 from bridge.telegram.render import render
 from bridge.telegram.texts import pick_lang
 
@@ -19,9 +33,9 @@ GOOD = {
 
 def test_good_config_reads_defaults():
     s = Settings.from_env(GOOD)
-    assert s.owner_ids == {1, 2} and s.turn_policy == "queue" and s.lang == "ru"
-    assert (s.compact_percent, s.compact_ceiling, s.manual_compact_min) == (60, 110_000, 30_000)
-    assert (s.compact_ack_seconds, s.busy_timeout) == (5.0, 900.0)
+    assert s.people.owner_ids == {1, 2} and s.chat.turn_policy == "queue" and s.lang == "ru"
+    assert (s.compaction.percent, s.compaction.ceiling, s.compaction.manual_min) == (60, 110_000, 30_000)
+    assert (s.compaction.ack_seconds, s.chat.busy_timeout) == (5.0, 900.0)
     assert "ABCDEFG" not in repr(s)  # the token never shows
 
 
@@ -95,3 +109,24 @@ def test_iva_tz_naming_a_zone_directory_or_too_long_is_a_problem_not_a_crash(zon
     with pytest.raises(ConfigError) as caught:
         Settings.from_env({**GOOD, "IVA_TZ": zone})
     assert caught.value.problems == [f"IVA_TZ={zone!r} is not an IANA time zone, e.g. Europe/Berlin or UTC"]
+
+
+def test_settings_compose_one_frozen_value_object_per_concern_with_its_defaults_beside_it():
+    """Issue 35: what the readers give an environment naming only the required values is each
+    concern's own defaults; the objects are frozen."""
+    s = Settings.from_env(GOOD)
+    assert s == Settings(telegram=TelegramConfig(GOOD["IVA_TELEGRAM_TOKEN"]), eve=EveConfig("http://127.0.0.1:3000"),
+                         people=PeopleConfig(owner_ids=frozenset({1, 2})))
+    assert (s.chat.busy_timeout, s.eve.grace, s.pacing.rate) == (DEFAULT_BUSY_TIMEOUT, DEFAULT_EVE_GRACE, DEFAULT_SEND_RATE)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.chat.busy_timeout = 1.0  # type: ignore[misc]
+
+
+def test_a_concern_is_read_by_its_own_reader_which_says_what_is_wrong():
+    """A reader reads its variables alone, gives the default for a bad one and says why."""
+    env = Env({"IVA_VOICE": "command", "IVA_TRANSCRIBE_TIMEOUT": "soon", "IVA_BUSY_TIMEOUT": "soon"})
+    assert read_voice(env) == VoiceConfig(mode="command")
+    assert env.problems == [
+        "IVA_VOICE=command needs IVA_TRANSCRIBE_CMD: the command that prints a transcript (the audio file's "
+        "path is appended as its last argument)",
+        "IVA_TRANSCRIBE_TIMEOUT='soon' is not a number of seconds"]

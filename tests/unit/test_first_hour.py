@@ -23,7 +23,7 @@ def test_the_readme_example_passes_the_configuration_check():
     assert token_problem(token.group(1)) is None
     s = Settings.from_env({"IVA_TELEGRAM_TOKEN": token.group(1), "IVA_EVE_URL": "http://127.0.0.1:3000",
                            "IVA_OWNER_IDS": "1"})
-    assert s.telegram_token == EXAMPLE_TOKEN
+    assert s.telegram.token == EXAMPLE_TOKEN
 
 
 @pytest.mark.parametrize(("token", "says"), [

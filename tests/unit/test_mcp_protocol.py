@@ -260,14 +260,14 @@ def test_iva_refuses_to_start_off_loopback_without_the_mcp_token(listen):
         Settings.from_env({**ENV, "IVA_API_LISTEN": listen})
     [problem] = refused.value.problems
     assert "IVA_MCP_TOKEN" in problem and "\n" not in problem
-    assert Settings.from_env({**ENV, "IVA_API_LISTEN": listen, "IVA_MCP_TOKEN": "t"}).mcp_token == "t"
-    assert Settings.from_env({**ENV, "IVA_API_LISTEN": listen, "IVA_NOTES_ENABLED": "0"}).mcp_token is None
+    assert Settings.from_env({**ENV, "IVA_API_LISTEN": listen, "IVA_MCP_TOKEN": "t"}).api.mcp_token == "t"
+    assert Settings.from_env({**ENV, "IVA_API_LISTEN": listen, "IVA_NOTES_ENABLED": "0"}).api.mcp_token is None
 
 
 @pytest.mark.parametrize("listen", ["127.0.0.1:8787", "127.0.0.2:1", "localhost:8787", "[::1]:8787"])
 def test_a_loopback_listener_starts_without_the_token(listen):
     assert is_loopback(listen)
-    assert Settings.from_env({**ENV, "IVA_API_LISTEN": listen}).mcp_token is None
+    assert Settings.from_env({**ENV, "IVA_API_LISTEN": listen}).api.mcp_token is None
 
 
 def test_the_mcp_token_is_not_the_owner_apis_and_is_never_in_repr():

@@ -141,7 +141,7 @@ class Period:
         self.typing: Typing | None = None
         self.draft: Draft | None = None
         self.progress = self.clock.now()
-        timeout = s.settings.busy_timeout
+        timeout = s.settings.chat.busy_timeout
         if chat.progress_at:
             # The time since the last persisted progress counts (a restart does not reset it), but
             # a resumed consumer always gets a moment to read what eve wrote meanwhile.
@@ -158,7 +158,7 @@ class Period:
         self.progress = self.clock.now()
 
     def busy_left(self) -> float:
-        return self.s.settings.busy_timeout - (self.clock.now() - self.progress)
+        return self.s.settings.chat.busy_timeout - (self.clock.now() - self.progress)
 
     def poke(self, after: float = 0.0) -> asyncio.TimerHandle | None:
         """Look again (now, or after ``after`` seconds): a poke in the inbox."""
@@ -201,7 +201,7 @@ class Phase:
         return self.p.busy_left(), "busy"
 
     async def on_timeout(self, why: str) -> Phase | Ended | None:
-        logger.warning("busy_timeout", seconds=self.p.s.settings.busy_timeout)
+        logger.warning("busy_timeout", seconds=self.p.s.settings.chat.busy_timeout)
         return Ended(self.lost("no progress within the busy timeout"))
 
     async def on_poke(self, chat: Chat) -> Phase | Ended | None:

@@ -82,7 +82,7 @@ class CompactionPhase(Phase):
         p = self.p
         await p.s.transitions.release(p.address, p.owned(), p.cursor)
         p.claim, self.c.phase = None, CompactPhase.RELEASED
-        logger.warning("compaction_ack_late_chat_released", seconds=p.s.settings.compact_ack_seconds)
+        logger.warning("compaction_ack_late_chat_released", seconds=p.s.settings.compaction.ack_seconds)
         if await p.s.queue.depth(p.address):
             p.poke()
         return WatchPhase(p, self.c)
@@ -90,7 +90,7 @@ class CompactionPhase(Phase):
     async def on_poke(self, chat: Chat) -> Phase | Ended | None:
         if chat.stop_wanted and Stop.CANCELLED not in self.stop:
             await self._stop()
-        elif self.p.s.settings.turn_policy == "immediate" and await pushed.person_depth(self.p.s.store.db,
+        elif self.p.s.settings.chat.turn_policy == "immediate" and await pushed.person_depth(self.p.s.store.db,
                                                                                         self.p.address):
             await self.interrupt()  # C4 (a pushed turn waits for the compaction instead)
         return None
@@ -113,7 +113,7 @@ class CompactionPhase(Phase):
         claim = p.owned()
         await p.s.transitions.compact_posted(p.address, claim)
         c.phase = CompactPhase.POSTED
-        c.ack_deadline = p.clock.now() + p.s.settings.compact_ack_seconds
+        c.ack_deadline = p.clock.now() + p.s.settings.compaction.ack_seconds
         logger.info("compaction_requested", origin=c.origin, before=c.before)
         inbox, client, session = p.inbox, p.s.eve, p.session
         c.request = claim
@@ -270,7 +270,7 @@ class WatchPhase(CompactionPhase):
                 return None  # a turn or a /new came first
             waiting = [m for m in map(decode, (m.payload for m in await s.queue.queued(p.address, limit=1)))
                        if isinstance(m, QueuedMessage)]
-            noticed = bool(waiting) and s.settings.turn_policy == "queue" \
+            noticed = bool(waiting) and s.settings.chat.turn_policy == "queue" \
                 and await s.transitions.notify_compacting(p.address)
             if noticed:
                 chat = await s.store.chat(p.address)

@@ -61,7 +61,7 @@ async def steer(p: Period, chat: Chat, *, answers_only: bool = False) -> Steered
     """Claim what waits and give it to the running turn. None: nothing went. ``answers_only``:
     the button answers go, messages wait for the next turn (a budget prompt is open, V6)."""
     s, claim = p.s, p.owned()
-    claimed = await s.transitions.claim_steer(p.address, claim, limit=s.settings.batch_size)
+    claimed = await s.transitions.claim_steer(p.address, claim, limit=s.settings.chat.batch_size)
     if claimed is None:
         return None
     if isinstance(claimed, Settling):

@@ -75,9 +75,9 @@ class TurnPhase(Phase):
             self.answerable = await askers.answerable(p.s.people, await askers.running(p.s.queue, chat))
             self.budget = self.budget_asked = await p.s.store.owners_prompt_open(p.session)
             self.answerable = self.answerable and not self.budget
-        p.typing = Typing(p.s.sender.bot, chat.chat_id, chat.thread_id, ttl=p.s.settings.busy_timeout)
+        p.typing = Typing(p.s.sender.bot, chat.chat_id, chat.thread_id, ttl=p.s.settings.chat.busy_timeout)
         p.typing.start()
-        if p.s.settings.streaming == "draft" and chat.chat_id > 0:  # drafts: private chats only
+        if p.s.settings.chat.streaming == "draft" and chat.chat_id > 0:  # drafts: private chats only
             p.draft = Draft(p.s.sender.bot, chat.chat_id, chat.thread_id)
         if self.stop:
             await self._stop()  # asked for before a restart: a stop is durable
@@ -112,7 +112,7 @@ class TurnPhase(Phase):
         if why == "busy" and self.budget and not self.stop:
             # V6: nobody allowed more usage in time. The turn is stopped, the person told in one
             # line; eve keeps the session over budget, so the next message meets the prompt again.
-            logger.warning("budget_prompt_given_up", seconds=self.p.s.settings.busy_timeout)
+            logger.warning("budget_prompt_given_up", seconds=self.p.s.settings.chat.busy_timeout)
             chat = await self.p.s.transitions.want_stop(self.p.address)
             if chat is not None:
                 async with self.p.s.store.db.transaction():
@@ -141,7 +141,7 @@ class TurnPhase(Phase):
             # would answer it at eve): what people write meanwhile waits for the next turn.
             steered = await steer.steer(self.p, chat, answers_only=True)
             return steered if isinstance(steered, Ended) else None
-        if chat.kind is not Kind.TURN or not (asking or self.p.s.settings.turn_policy == "immediate"):
+        if chat.kind is not Kind.TURN or not (asking or self.p.s.settings.chat.turn_policy == "immediate"):
             return None
         if not asking and (self.pending is None or await steer.unsure(self.p)):
             # One unsure send at a time: what eve shows next is matched to it. Not while a question
@@ -249,7 +249,7 @@ class TurnPhase(Phase):
             # Our send's answer was lost and eve has shown no turn of it yet: it may be queued behind
             # what eve runs (a compaction: its turn starts right after eve is idle, PROTOCOL.md §5).
             # Idle with no turn for a moment: eve never had it.
-            grace = p.s.settings.eve_grace
+            grace = p.s.settings.eve.grace
             self.unsent_grace = p.clock.now() + grace if isinstance(event, eve.Idle) else None
 
     async def _began(self, event: eve.TurnBegan | eve.RunBegan) -> None:
@@ -347,7 +347,7 @@ class TurnPhase(Phase):
                 # A steer eve may have (its send's answer lost, or a restart before it was recorded)
                 # and no sign of it yet: eve starts a turn with it right after it is idle if it has
                 # it (PROTOCOL.md §4). Park only once that did not come (F4).
-                self.steer_grace = p.clock.now() + s.settings.eve_grace
+                self.steer_grace = p.clock.now() + s.settings.eve.grace
                 return None
             return await self.park()
         return None
