@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import dataclasses
-import json
 import os
-import sqlite3
 import sys
-import time
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 from aiogram import Bot
 from aiogram.exceptions import (
@@ -25,28 +17,38 @@ from aiogram.exceptions import (
 
 import eve_client as eve
 
-from . import disk, log
+from . import log, state_commands
 from .chat import parking
-from .config import DEFAULT_BUSY_TIMEOUT, ConfigError, Settings, state_dir_of
-from .notebook.service import salvage_notes
+from .config import ConfigError, Settings
+from .log import one_line
 from .people import pairing_note
-from .storage import stranded
-from .storage.store import SchemaMismatch, clear_dead, read_status
 from .telegram.sender import undecodable
-from .web.listener import OVERDUE_FACTOR
 
 __all__ = ["main"]
 
 EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
-LINE_LIMIT = 400  # characters of a problem line; a server's long answer is cut to it
 
 
 async def _check(settings: Settings) -> int:
-    from .app import make_bot
-
     problems: list[str] = []
     warnings: list[str] = []
+    await _check_telegram(settings, problems, warnings)
+    await _check_eve(settings, problems, warnings)
+    secrets = settings.secrets
+    for line in warnings:
+        print(f"warn {one_line(line, secrets=secrets)}")
+    for line in problems:
+        print(f"FAIL {one_line(line, secrets=secrets)}", file=sys.stderr)
+    return EXIT_UNREACHABLE if problems else 0
+
+
+
+
+async def _check_telegram(settings: Settings, problems: list[str], warnings: list[str]) -> None:
+    """The bot token (getMe), the pairing link while the bot has no owner, the webhook."""
+    from .app import make_bot
+
     bot = make_bot(settings)
     try:
         me = await bot.get_me(request_timeout=10)
@@ -72,6 +74,9 @@ async def _check(settings: Settings) -> int:
     finally:
         await bot.session.close()
 
+
+async def _check_eve(settings: Settings, problems: list[str], warnings: list[str]) -> None:
+    """eve answers (health), speaks a stream version Iva reads (V1), and its agent (/info)."""
     async with eve.EveClient(settings.eve.url, token=settings.eve.token,
                              retry=eve.RetryPolicy(attempts=2, deadline=10)) as client:
         try:
@@ -86,55 +91,54 @@ async def _check(settings: Settings) -> int:
             problems.append(f"eve: /eve/v1/health failed: {type(exc).__name__}: {exc}")
         else:
             problems.extend(await _stream_version(client, warnings))
-            try:
-                info = await client.info()
-                window = settings.compaction.context_window or info.context_window_tokens
-                ours = parking.threshold(window, settings.compaction.percent, settings.compaction.ceiling)
-                dynamic = _dynamic_model(info.raw)
-                if not dynamic or not settings.models:
-                    print(f"ok   eve agent: model {info.model_id or '(chosen per turn)'}, "
-                          f"window {info.context_window_tokens or '(not reported)'}, parking threshold {ours}")
-                warnings.extend(_models(settings, dynamic, info.model_id))
-                if settings.compaction.context_window and info.context_window_tokens and \
-                        settings.compaction.context_window != info.context_window_tokens:
-                    warnings.append(f"IVA_CONTEXT_WINDOW={settings.compaction.context_window} but eve reports "
-                                    f"{info.context_window_tokens}")
-                if window:
-                    safety = parking.in_turn_threshold(window, settings.compaction.inturn_percent)
-                    if ours >= safety:
-                        warnings.append(
-                            f"the parking threshold {ours} is not below eve's in-turn safety net {safety} "
-                            f"(min(75% of {window}, 137 500)); eve would compact inside turns first. "
-                            "Lower IVA_COMPACT_PERCENT/IVA_COMPACT_CEILING (see examples/eve-agent/agent.ts)"
-                        )
-                if settings.notes.enabled and dynamic:
-                    print("note notebook: eve's agent chooses its definitions per turn (examples/eve-agent): /info "
-                          "lists its notebook connection only once a turn used it, so it is not checked here")
-                elif settings.notes.enabled:
-                    warnings.extend(_notebook_connection(settings, info.raw))
-            except eve.EveUnauthorized:
-                problems.append("eve: the token was rejected (IVA_EVE_TOKEN)")
-            except eve.EveRejected as exc:
-                if exc.status != 403:
-                    problems.append(f"eve: /eve/v1/info failed: {exc}")
-                elif settings.compaction.context_window:  # V8
-                    warnings.append(f"eve: this token cannot read /eve/v1/info ({exc.code or 403}: eve 1.x serves it "
-                                    f"to service callers only); the window is IVA_CONTEXT_WINDOW={settings.compaction.context_window}")
-                else:
-                    problems.append(f"eve: this token cannot read /eve/v1/info ({exc.code or 403}: eve 1.x serves it "
-                                    "to service callers only), so the context window is unknown: set "
-                                    "IVA_CONTEXT_WINDOW, or make Iva's caller a service principal in the agent's eve "
-                                    "channel (examples/eve-agent/channels/eve.ts)")
-            except eve.EveError as exc:
-                problems.append(f"eve: /eve/v1/info failed: {exc}")
-            except Exception as exc:  # iva check never shows a traceback: one line per problem
-                problems.append(f"eve: /eve/v1/info answered something unexpected: {type(exc).__name__}: {exc}")
-    secrets = settings.secrets
-    for line in warnings:
-        print(f"warn {one_line(line, secrets=secrets)}")
-    for line in problems:
-        print(f"FAIL {one_line(line, secrets=secrets)}", file=sys.stderr)
-    return EXIT_UNREACHABLE if problems else 0
+            await _check_agent(settings, client, problems, warnings)
+
+
+async def _check_agent(settings: Settings, client: eve.EveClient, problems: list[str], warnings: list[str]) -> None:
+    """eve's /info: the agent's model, window and parking threshold; the notebook connection (V8)."""
+    try:
+        info = await client.info()
+        window = settings.compaction.context_window or info.context_window_tokens
+        ours = parking.threshold(window, settings.compaction.percent, settings.compaction.ceiling)
+        dynamic = _dynamic_model(info.raw)
+        if not dynamic or not settings.models:
+            print(f"ok   eve agent: model {info.model_id or '(chosen per turn)'}, "
+                  f"window {info.context_window_tokens or '(not reported)'}, parking threshold {ours}")
+        warnings.extend(_models(settings, dynamic, info.model_id))
+        if settings.compaction.context_window and info.context_window_tokens and \
+                settings.compaction.context_window != info.context_window_tokens:
+            warnings.append(f"IVA_CONTEXT_WINDOW={settings.compaction.context_window} but eve reports "
+                            f"{info.context_window_tokens}")
+        if window:
+            safety = parking.in_turn_threshold(window, settings.compaction.inturn_percent)
+            if ours >= safety:
+                warnings.append(
+                    f"the parking threshold {ours} is not below eve's in-turn safety net {safety} "
+                    f"(min(75% of {window}, 137 500)); eve would compact inside turns first. "
+                    "Lower IVA_COMPACT_PERCENT/IVA_COMPACT_CEILING (see examples/eve-agent/agent.ts)"
+                )
+        if settings.notes.enabled and dynamic:
+            print("note notebook: eve's agent chooses its definitions per turn (examples/eve-agent): /info "
+                  "lists its notebook connection only once a turn used it, so it is not checked here")
+        elif settings.notes.enabled:
+            warnings.extend(_notebook_connection(settings, info.raw))
+    except eve.EveUnauthorized:
+        problems.append("eve: the token was rejected (IVA_EVE_TOKEN)")
+    except eve.EveRejected as exc:
+        if exc.status != 403:
+            problems.append(f"eve: /eve/v1/info failed: {exc}")
+        elif settings.compaction.context_window:  # V8
+            warnings.append(f"eve: this token cannot read /eve/v1/info ({exc.code or 403}: eve 1.x serves it "
+                            f"to service callers only); the window is IVA_CONTEXT_WINDOW={settings.compaction.context_window}")
+        else:
+            problems.append(f"eve: this token cannot read /eve/v1/info ({exc.code or 403}: eve 1.x serves it "
+                            "to service callers only), so the context window is unknown: set "
+                            "IVA_CONTEXT_WINDOW, or make Iva's caller a service principal in the agent's eve "
+                            "channel (examples/eve-agent/channels/eve.ts)")
+    except eve.EveError as exc:
+        problems.append(f"eve: /eve/v1/info failed: {exc}")
+    except Exception as exc:  # iva check never shows a traceback: one line per problem
+        problems.append(f"eve: /eve/v1/info answered something unexpected: {type(exc).__name__}: {exc}")
 
 
 async def _stream_version(client: eve.EveClient, warnings: list[str]) -> list[str]:
@@ -157,14 +161,6 @@ async def _stream_version(client: eve.EveClient, warnings: list[str]) -> list[st
         warnings.append("eve 0.80.x speaks stream version 26, which Iva reads for one more deprecation window; "
                         "see docs/operating.md, \"Upgrading eve\"")
     return []
-
-
-def one_line(text: str, limit: int = LINE_LIMIT, *, secrets: Sequence[str] = ()) -> str:
-    """A problem as one line: whatever a server put in its answer (line breaks, a page of HTML,
-    a 5 000-character description) is folded and cut, so each problem stays one line; a secret
-    it echoes (S5) shows as ``***``, as in the logs (URL-encoded, or a bot token's secret part)."""
-    text = " ".join(str(log.Redactor(secrets).scrub(text)).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 async def _webhook(settings: Settings, bot: Bot) -> list[str]:
@@ -258,168 +254,6 @@ def _notebook_connection(settings: Settings, raw: object) -> list[str]:
     return []
 
 
-def _restore_notes(args: argparse.Namespace) -> int:
-    """``iva restore-notes FILE``: the notebooks of a quarantined state database back into the live one."""
-    path = state_dir_of(args.state or os.environ.get("IVA_STATE_DIR") or os.environ.get("STATE_DIRECTORY")) \
-        / "iva.sqlite3"
-    source = Path(args.file)
-    if not path.exists() or not source.exists():
-        missing = path if not path.exists() else source
-        print(f"iva restore-notes: no database at {missing}", file=sys.stderr)
-        return 1
-    try:
-        notes, archives = salvage_notes(source, path)
-    except sqlite3.Error as exc:
-        print(f"iva restore-notes: cannot read the notes of {source}: {one_line(str(exc))}", file=sys.stderr)
-        return 1
-    print(f"iva restore-notes: {notes} note(s) and {archives} archived notebook(s) restored into {path}")
-    return 0
-
-
-def _status(args: argparse.Namespace) -> int:
-    """``iva status``: the state database as the daemon left it, read-only (works while it runs) —
-    but for one thing: while the bot has no owner, a fresh one-time pairing link (P1)."""
-    path = state_dir_of(args.state or os.environ.get("IVA_STATE_DIR") or os.environ.get("STATE_DIRECTORY")) \
-        / "iva.sqlite3"
-    if not path.exists():
-        print(f"iva status: no state database at {path} (set IVA_STATE_DIR or --state DIR)", file=sys.stderr)
-        return 1
-    if args.clear_dead:
-        try:
-            cleared = clear_dead(path)
-        except (sqlite3.Error, SchemaMismatch) as exc:
-            print(f"iva status: cannot clear the dead messages in {path}: {one_line(str(exc))}", file=sys.stderr)
-            return 1
-        print(f"cleared {cleared} message(s) given up on")
-        return 0
-    try:
-        snapshot = read_status(path)
-    except (sqlite3.Error, SchemaMismatch) as exc:
-        print(f"iva status: cannot read {path}: {one_line(str(exc))}", file=sys.stderr)
-        if (storage := disk.full(path.parent)) is not None:
-            print(f"iva status: {storage}", file=sys.stderr)
-        return 1
-    if args.dead and not args.json:
-        if not snapshot["dead"]:
-            print("no message was given up on")
-        for d in snapshot["dead"]:
-            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(d["died_at"]))
-            print(f"dead {d['id']}  chat {d['address']}  {when}  {d['reason']}  {d['text']}")
-        return 0
-    try:
-        busy_timeout = float(os.environ.get("IVA_BUSY_TIMEOUT") or DEFAULT_BUSY_TIMEOUT)
-    except ValueError:
-        busy_timeout = DEFAULT_BUSY_TIMEOUT
-    for chat in snapshot["chats"]:
-        quiet = chat["no_progress_for_s"]
-        chat["overdue"] = bool(quiet is not None and not chat["waiting_on_person"]
-                               and quiet > busy_timeout * OVERDUE_FACTOR)
-    note = pairing_note(path, os.environ)  # P1: no owner yet → a fresh link (the one write)
-    storage = disk.full(path.parent)  # F2: the daemon waits on storage; say why
-    if args.json:
-        eve_seen: dict[str, Any] | None = None
-        with contextlib.suppress(sqlite3.Error, SchemaMismatch):
-            found = stranded.read(path)
-            eve_seen = {"version": found.eve_version, "stream_version": found.stream_version,
-                        "stranded": len(found.chats)}
-        print(json.dumps({**snapshot, "pairing": note, "storage": storage, "eve": eve_seen}, ensure_ascii=False,
-                         indent=2))
-        return 0
-    if note is not None:
-        print(note, file=sys.stderr)  # beside the table, never in its lines
-    if storage is not None:
-        print(f"STORAGE: {storage}")
-    print(f"{path}: {snapshot['chats_known']} chats, {snapshot['busy_chats']} busy, "
-          f"{snapshot['queued']} messages waiting, {snapshot['replies_pending']} replies pending")
-    with contextlib.suppress(sqlite3.Error, SchemaMismatch):
-        found = stranded.read(path)
-        print(_eve_line(found) + (" — `iva sessions` lists them" if found.chats else ""))
-    _reminders(snapshot["reminders"])
-    if not snapshot["chats"]:
-        print("nothing busy, waiting or failing")
-        return 0
-    head = ("chat", "state", "for", "queued", "replies", "last error")
-    table = [head]
-    for chat in snapshot["chats"]:
-        if chat["status"] == "busy":
-            what = chat["kind"] or "busy"
-            if chat["origin"]:
-                what += f" ({chat['origin']})"
-            if chat["waiting_on_person"]:
-                what += ", asking"
-            if chat["overdue"]:
-                what += ", OVERDUE"
-            since = _duration(chat["busy_for_s"])
-        else:
-            what, since = "idle", ""
-        queued = str(chat["queued"]) + (f" +{chat['in_flight']} in turn" if chat["in_flight"] else "")
-        replies = str(chat["replies_pending"]) + (
-            f" (oldest {_duration(chat['oldest_pending_reply_s'])})" if chat["replies_pending"] else "")
-        table.append((chat["address"], what, since, queued, replies, chat["last_error"] or ""))
-    widths = [max(len(row[i]) for row in table) for i in range(len(head) - 1)]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
-    return 0
-
-
-def _sessions(args: argparse.Namespace) -> int:
-    """``iva sessions``: the chats an eve upgrade stranded (V5), and ``--renew-stranded``."""
-    path = state_dir_of(args.state or os.environ.get("IVA_STATE_DIR") or os.environ.get("STATE_DIRECTORY")) \
-        / "iva.sqlite3"
-    if not path.exists():
-        print(f"iva sessions: no state database at {path} (set IVA_STATE_DIR or --state DIR)", file=sys.stderr)
-        return 1
-    try:
-        if args.renew_stranded:
-            moved, busy = stranded.renew(path)
-            print(f"{moved} chat(s) moved: each starts a new session at its next message, the person told once"
-                  + (f"; {busy} busy chat(s) meet it in their turn" if busy else ""))
-            return 0
-        found = stranded.read(path)
-    except (sqlite3.Error, SchemaMismatch, LookupError) as exc:
-        print(f"iva sessions: {one_line(str(exc))}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps({"eve_version": found.eve_version, "stream_version": found.stream_version,
-                          "stranded": [dataclasses.asdict(c) for c in found.chats]}, indent=2))
-        return 0
-    print(_eve_line(found))
-    for chat in found.chats:
-        print(f"stranded {chat.address}  session {chat.session}  built by eve {chat.built_by or '0.80.x'}"
-              + ("  (busy)" if chat.busy else ""))
-    if found.chats:
-        print("`iva sessions --renew-stranded` moves the idle ones now (docs/operating.md, \"Upgrading eve\")")
-    return 0
-
-
-def _eve_line(found: stranded.Stranded) -> str:
-    if found.eve_version is None:
-        return "eve: not seen yet by the bridge (or its token cannot read /info)"
-    return (f"eve {found.eve_version} (stream version {found.stream_version or '?'}, as the bridge last saw it); "
-            f"{len(found.chats)} chat(s) on a session another eve built (stranded)")
-
-
-def _reminders(reminders: dict[str, Any]) -> None:
-    """W7: how many reminders, the next, and each one due and not fired or paused."""
-    if not reminders["active"]:
-        return
-    upcoming = reminders["next_at"]
-    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(upcoming)) if upcoming is not None else "none"
-    print(f"reminders: {reminders['active']} active, next {when}, {len(reminders['due'])} due, "
-          f"{len(reminders['paused'])} paused")
-    for r in reminders["due"]:
-        print(f"  due    {r['id']}  chat {r['address']}  for {_duration(r['due_for_s']) or '0s'}  {r['text']}")
-    for r in reminders["paused"]:
-        print(f"  paused {r['id']}  chat {r['address']}  (the chat blocked the bot or is gone)  {r['text']}")
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    s = int(seconds)
-    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="iva", description="Iva: a Telegram bridge for eve agents")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -449,11 +283,11 @@ def main(argv: list[str] | None = None) -> int:
                          "$STATE_DIRECTORY, ./var)")
     args = parser.parse_args(argv)
     if args.command == "status":  # needs no configuration: only the database
-        return _status(args)
+        return state_commands.status(args)
     if args.command == "restore-notes":
-        return _restore_notes(args)
+        return state_commands.restore_notes(args)
     if args.command == "sessions":
-        return _sessions(args)
+        return state_commands.sessions(args)
 
     try:
         settings = Settings.from_env()

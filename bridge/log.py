@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import sys
 import urllib.parse
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, MutableMapping, Sequence
 from typing import Any
 
 import structlog
 
-__all__ = ["Redactor", "configure", "get"]
+__all__ = ["LINE_LIMIT", "Redactor", "configure", "get", "one_line"]
 
 REDACTED = "***"
 
@@ -98,3 +98,14 @@ def configure(level: str = "info", *, json: bool | None = None, secrets: Iterabl
 
 def get(name: str) -> structlog.stdlib.BoundLogger:
     return structlog.stdlib.get_logger(name)  # structlog.get_logger, typed for our wrapper_class
+
+
+LINE_LIMIT = 400  # characters of a problem line; a server's long answer is cut to it
+
+
+def one_line(text: str, limit: int = LINE_LIMIT, *, secrets: Sequence[str] = ()) -> str:
+    """A problem as one line: whatever a server put in its answer (line breaks, a page of HTML,
+    a 5 000-character description) is folded and cut, so each problem stays one line; a secret
+    it echoes (S5) shows as ``***``, as in the logs (URL-encoded, or a bot token's secret part)."""
+    text = " ".join(str(Redactor(secrets).scrub(text)).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

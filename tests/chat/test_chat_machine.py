@@ -241,6 +241,10 @@ async def _sweep(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve, text: str,
                 await h.settled()
                 assert tg.texts(user)[sent_before:] == [reply]
                 return k
+            # Everything of the killed process stops first: a send already on its way to Telegram
+            # lands (or not) before it is counted, not after (on a loaded machine it could land
+            # during the count, and a reply Telegram had would look unsent).
+            await h.crash()
             sent_at_kill = tg.texts(user)[sent_before:].count(reply)
             pending_at_kill = _pending_in_image(image, h.settings.db_path.name)
             await h.restart_from(image)
@@ -330,6 +334,7 @@ async def test_a_kill_at_every_statement_of_a_manual_compaction(tmp_path: Path, 
                 await h.settled()
                 assert tg.texts(user)[sent_before:][-1].startswith("Done"), tg.texts(user)
                 break
+            await h.crash()  # what was on its way lands before it is counted (see _sweep)
             told_at_kill = any(t.startswith("Done") for t in tg.texts(user)[sent_before:])
             window = told_at_kill and _pending_in_image(image, h.settings.db_path.name)
             await h.restart_from(image)
@@ -429,6 +434,8 @@ async def test_a_kill_at_every_statement_of_a_steer(tmp_path: Path, tg: FakeTele
             image = tmp_path / f"k{k}-image"
             text = f"actually, this {user}"
             killed = await kill_during(h, image, k, lambda user=user, text=text: tg.message(text, user_id=user))
+            if killed:
+                await h.crash()  # what was on its way lands before it is counted (see _sweep)
             sent_at_kill = tg.texts(user).count(f"echo: {text}")
             window = killed and sent_at_kill >= 1 and _pending_in_image(image, h.settings.db_path.name)
             if killed:

@@ -88,7 +88,7 @@ def _imports(name: str, text: str) -> set[str]:
 
 LAYERS = (  # from the bottom; a module not named here is of the base layer (which may import itself)
     ("storage",), ("telegram",), ("notebook", "push", "people", "models"), ("chat",), ("intake",), ("web",), ("app",),
-    ("cli",), ("__main__",),
+    ("state_commands",), ("cli",), ("__main__",),
 )
 
 
