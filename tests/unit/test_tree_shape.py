@@ -35,6 +35,17 @@ def test_no_module_of_bridge_is_over_500_lines() -> None:
         assert name in sizes, f"{name} is gone: drop its exception"
 
 
+def test_no_function_of_bridge_is_over_80_lines() -> None:
+    """A function past 80 lines does several things: each gets a name of its own."""
+    import ast
+
+    long = {f"{name}:{node.name}": node.end_lineno - node.lineno + 1
+            for name, text in _modules().items() for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None
+            and node.end_lineno - node.lineno + 1 > 80}
+    assert long == {}
+
+
 def test_no_sqlite_row_outside_storage() -> None:
     """Storage hands out frozen rows; the sqlite3 row type never leaves it."""
     leaks = {name for name, text in _modules().items()
