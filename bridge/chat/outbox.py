@@ -58,6 +58,12 @@ class Outbox:
                                       format="markdown" if markdown else "plain", reply_to=reply_to,
                                       receiver=receiver)
 
+    async def resend_left(self, address: str) -> None:
+        """Recovery: what an earlier process or a failed send left pending for the address goes
+        now (the chat's worker calls it at the start of each look; what a commit writes from then
+        on, the commit sends)."""
+        await self.flush(address)
+
     async def flush(self, address: str) -> None:
         """Send what is pending for the address, in order; a chat that is gone is marked blocked.
         Called after a commit that wrote a row (:meth:`_written`), and by the chat's worker for

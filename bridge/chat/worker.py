@@ -147,7 +147,7 @@ class ChatWorker:
             self._poked.clear()
             # What an earlier process or a failed send left pending (an answer may wait for an
             # address with no record yet); what a commit writes from now on, the commit sends.
-            await s.outbox.flush(self.address)
+            await s.outbox.resend_left(self.address)
             chat = await s.store.chat(self.address)
             if chat is None:
                 return

@@ -16,10 +16,10 @@ MAX_LINES = 500
 # none since the settings are read by concern (issue 35, item 3: bridge/config/).
 OVER_THE_LIMIT: dict[str, int] = {}
 
-# The one call of the outbox's flush outside the outbox: the chat worker's loop start sends what
-# an earlier process or a failed send left pending (recovery). What a commit writes, the commit
-# sends (bridge/storage/outbox.py, diskqueue's Database.after_commit).
-FLUSHES = {"chat/worker.py": 1}
+# Calls of the outbox's flush outside the outbox: none. What a commit writes, the commit sends
+# (bridge/storage/outbox.py, diskqueue's Database.after_commit); what an earlier process left
+# pending, the outbox's own resend_left (the chat worker's loop start).
+FLUSHES: dict[str, int] = {}
 
 
 def _modules() -> dict[str, str]:
