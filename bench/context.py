@@ -1,26 +1,39 @@
 """Benchmark 5: the context economy — the point of parking compaction.
 
-A scripted "day" of N turns (default 300) through the REAL eve from ../shared/eve-peer, with the
-window at 1 000 000 and eve's own in-turn compaction at 90% (`EVE_COMPACTION_THRESHOLD=0.9`). Every
+A scripted "day" of N turns (default 300) through the REAL eve from ../shared/eve-peer — eve
+1.0.1 by default, 0.80.1 with ``--eve-version 0.80.1`` (EVE_VERSION for the peer's scripts) — with
+the window at 1 000 000 and eve's own in-turn compaction at 90% (`EVE_COMPACTION_THRESHOLD=0.9`;
+start.sh writes it as `compaction.threshold` for 1.x, `thresholdPercent` for 0.x). Every
 turn is a ~12 000-character message (a pasted log, a document); the scripted model reports input
 tokens estimated from the real request (the whole history eve sends, clientContext and tool
 schemas included), so the sizes grow with the real history. The same day runs twice in one
 benchmark, against the same eve build:
 
-- eve alone: Iva's parking compaction off (its threshold set above the window), so only eve's
-  in-turn compaction at 900 000 tokens ever fires;
+- eve alone: Iva's parking compaction as good as off (``IVA_COMPACT_PERCENT=100``: it would
+  park at 100% of the window), so eve's in-turn compaction at 900 000 tokens fires first;
 - Iva: parking compaction on with its defaults (min(60% × window, 110 000) = 110 000).
 
 The person pauses ``--think`` seconds between a reply and the next message, and every summary
-takes ``--summary-delay`` seconds, so a message sent while Iva compacts shows the C3 path.
+takes ``--summary-delay`` seconds, so a message sent while Iva compacts shows the C3 path. eve's
+session budget (0.80's session-limit question, 1.x's ``budget`` interaction; 40 million input
+tokens by default) reaches the chat as a message with buttons: the bench presses Approve, as the
+person would, and counts them.
 
-    python -m bench.context [--turns 300] [--chars 12000] [--think 1.0] [--summary-delay 2.0]
+    python -m bench.context [--eve-version 1.0.1] [--turns 300] [--chars 12000] [--think 1.0] [--summary-delay 2.0]
 
-A tool-using day (``--tools N --tool-tokens T``): every turn makes N ``noop`` tool calls, so it has
-N + 1 model calls, and each tool's output adds T tokens to the next call's input. The fake LLM
-reports those inputs (``[[steps=A,B,C]]``): the bench keeps the conversation's size itself — the
-turns so far plus their tool output, back to ``SUMMARY_TOKENS`` when Iva or eve compacted — so a
-turn starts where the last one ended and grows within itself, as a real agent's does.
+A tool-using day (``--tools N --tool-tokens T``; the one reported is ``--tools 2 --tool-tokens
+8000``): every turn makes N tool calls, so it has N + 1 model calls, and each call with its
+result adds ~T tokens of real text to the history: the call is an ``eve__tool`` call whose input
+holds ~T/2 tokens, which eve refuses (no such tool) with an error quoting that input. So eve
+estimates, keeps and compacts that text as it would a real tool's output, and the reported inputs
+are the fake's estimates of the real requests, as on the plain day.
+
+``--scripted`` is the earlier form of that day: ``noop`` calls (which add nothing to the history)
+and ``[[steps=A,B,C]]`` markers reporting the inputs, the conversation's size kept by the bench
+(back to ``SUMMARY_TOKENS`` when Iva or eve compacted). Neither eve decides its compaction from
+those reported numbers in these turns — both compact on their own estimate of the history, which
+stays small — so in that form "eve alone" never compacts and only Iva's parking at 100% of the
+window bounds it: it measures Iva at 110 000 against Iva at 1 000 000, not against eve.
 """
 
 from __future__ import annotations
@@ -40,6 +53,8 @@ from bench.common import ROOT, Daemon, FakeTelegram, free_port, save, table, tmp
 
 EVE_PEER = Path(os.environ.get("IVA_EVE_PEER_DIR", ROOT.parent / "shared" / "eve-peer"))
 WINDOW = 1_000_000
+EVE_THRESHOLD = 0.9  # eve's own compaction (EVE_COMPACTION_THRESHOLD): eve's default
+DEFAULT_EVE = "1.0.1"  # what `npm install eve` gives today; 0.80.1 is the other one eve-peer runs
 NOTICE = "Compacting the conversation, I'll answer soon."
 SUMMARY_TOKENS = 4_000  # a conversation just compacted: the system part, the tools, the summary
 WORDS = ("request handled in ms status ok user session cache miss retry backoff queue depth worker "
@@ -66,13 +81,16 @@ def llm(base: str, path: str, body: Any = None) -> Any:
         return json.loads(response.read() or b"null")
 
 
-def start_eve(run_dir: Path, mcp_listen: str) -> dict[str, str]:
-    env = {**os.environ, "EVE_PORT": str(free_port()), "FAKE_LLM_PORT": str(free_port()),
-           "EVE_PEER_RUN_DIR": str(run_dir), "EVE_CONTEXT_WINDOW": str(WINDOW), "EVE_COMPACTION_THRESHOLD": "0.9",
+def start_eve(run_dir: Path, mcp_listen: str, eve_version: str = DEFAULT_EVE) -> dict[str, str]:
+    # EVE_VERSION picks the peer's home (both versions live side by side) and the agent's
+    # compaction key: start.sh writes compaction.threshold for eve 1.x, thresholdPercent for 0.x.
+    env = {**os.environ, "EVE_VERSION": eve_version, "EVE_PORT": str(free_port()), "FAKE_LLM_PORT": str(free_port()),
+           "EVE_PEER_RUN_DIR": str(run_dir), "EVE_CONTEXT_WINDOW": str(WINDOW),
+           "EVE_COMPACTION_THRESHOLD": str(EVE_THRESHOLD),
            "NOTEBOOK_MCP_URL": f"http://{mcp_listen}/mcp"}
     # setup.sh is idempotent (0 s when eve-peer is installed), so a clean clone needs nothing else.
-    setup = subprocess.run(["bash", str(EVE_PEER / "setup.sh")], capture_output=True, text=True, timeout=900,
-                           stdin=subprocess.DEVNULL)
+    setup = subprocess.run(["bash", str(EVE_PEER / "setup.sh")], env=env, capture_output=True, text=True,
+                           timeout=900, stdin=subprocess.DEVNULL)
     if setup.returncode != 0:
         raise SystemExit(f"eve-peer setup failed:\n{setup.stdout}\n{setup.stderr}")
     done = subprocess.run(["bash", str(EVE_PEER / "start.sh")], env=env, capture_output=True, text=True,
@@ -80,7 +98,9 @@ def start_eve(run_dir: Path, mcp_listen: str) -> dict[str, str]:
     if done.returncode != 0:
         raise SystemExit(f"eve-peer did not start:\n{done.stdout}\n{done.stderr}")
     values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
-    values["_env"] = json.dumps({k: env[k] for k in ("EVE_PORT", "FAKE_LLM_PORT", "EVE_PEER_RUN_DIR")})
+    if values.get("EVE_VERSION") != eve_version:
+        raise SystemExit(f"eve-peer runs eve {values.get('EVE_VERSION')}, not {eve_version}")
+    values["_env"] = json.dumps({k: env[k] for k in ("EVE_VERSION", "EVE_PORT", "FAKE_LLM_PORT", "EVE_PEER_RUN_DIR")})
     return values
 
 
@@ -92,7 +112,7 @@ def stop_eve(values: dict[str, str]) -> None:
 
 async def day(name: str, peer: dict[str, str], mcp_listen: str, *, turns: int, chars: int, think: float,
               summary_delay: float, parking: bool, ceiling: int | None = None, tools: int = 0,
-              tool_tokens: int = 0) -> dict[str, Any]:
+              tool_tokens: int = 0, scripted: bool = False, eve_version: str = DEFAULT_EVE) -> dict[str, Any]:
     llm_url = peer["FAKE_LLM_BASE_URL"]
     llm(llm_url, "/control", {"reset": True})
     llm(llm_url, "/control", {"summary_delay": summary_delay})
@@ -118,7 +138,18 @@ async def day(name: str, peer: dict[str, str], mcp_listen: str, *, turns: int, c
     try:
         for turn in range(turns):
             text = paste(turn, chars)
-            if tools:
+            if tools and not scripted:
+                # Real tool traffic: each of the model's N calls is an eve__tool call whose input
+                # holds ~T/2 tokens of text; eve refuses the unknown tool with an error that quotes
+                # that input, so the call and its result add ~T tokens to the history eve keeps,
+                # estimates and compacts, and every reported input is the fake's estimate of the
+                # real request, as on the plain day. (A noop call's input is parsed to {} and its
+                # output is {"ok":true}: it adds nothing.)
+                llm(llm_url, "/control", {"next_tool_calls": [
+                    {"name": "eve__tool", "arguments": {"name": "bench_output",
+                                                        "input": {"output": paste(turn * 1000 + k + 1, 2 * tool_tokens)}}}
+                    for k in range(tools)]})
+            elif tools:
                 compactions_now, compacting = _compactions(state)
                 if compactions_now > seen_compactions or compacting:
                     size, seen_compactions = SUMMARY_TOKENS, compactions_now + int(compacting)
@@ -158,7 +189,7 @@ async def day(name: str, peer: dict[str, str], mcp_listen: str, *, turns: int, c
     requests = requests["requests"] if isinstance(requests, dict) else requests
     chat = [r for r in requests if r["kind"] == "chat"]
     compactions = [i for i, r in enumerate(requests) if r["kind"] == "compaction"]
-    threshold = (ceiling or 110_000) if parking else int(0.9 * WINDOW)
+    threshold = (ceiling or min(int(0.6 * WINDOW), 110_000)) if parking else int(EVE_THRESHOLD * WINDOW)
     ineffective = 0
     for i in compactions:
         following = next((r for r in requests[i + 1:] if r["kind"] == "chat"), None)
@@ -172,6 +203,7 @@ async def day(name: str, peer: dict[str, str], mcp_listen: str, *, turns: int, c
     return {
         "run": name, "turns": turns, "chars_per_turn": chars, "think_s": think, "summary_delay_s": summary_delay,
         "tools_per_turn": tools, "tokens_per_tool_output": tool_tokens, "parking_turned_off": parking_off,
+        "eve_version": eve_version, "tool_inputs": ("scripted [[steps]]" if scripted else "real") if tools else None,
         "threshold": threshold, "model_calls": len(chat),
         "max_input_tokens_per_step": max(r["prompt_tokens"] for r in chat),
         "total_input_tokens": sum(r["prompt_tokens"] for r in chat),
@@ -227,6 +259,7 @@ class _Eve:
 
 
 def main() -> None:
+    global WINDOW
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--chars", type=int, default=12_000)
@@ -234,11 +267,20 @@ def main() -> None:
     parser.add_argument("--summary-delay", type=float, default=2.0)
     parser.add_argument("--only", choices=["eve", "iva"])
     parser.add_argument("--ceiling", type=int, help="IVA_COMPACT_CEILING for the Iva run (default 110 000)")
-    parser.add_argument("--tools", type=int, default=0, help="noop tool calls per turn (a tool-using day)")
-    parser.add_argument("--tool-tokens", type=int, default=8_000, help="tokens each tool's output adds")
+    parser.add_argument("--tools", type=int, default=0, help="tool calls per turn (a tool-using day; see the docstring)")
+    parser.add_argument("--tool-tokens", type=int, default=8_000, help="tokens each call and its result add to the history")
+    parser.add_argument("--scripted", action="store_true",
+                        help="tool-using day: report the steps' inputs by [[steps=…]] instead of sending real tool traffic")
+    parser.add_argument("--eve-version", default=DEFAULT_EVE, choices=["1.0.1", "0.80.1"],
+                        help="the real eve to run (EVE_VERSION for ../shared/eve-peer's scripts)")
+    parser.add_argument("--window", type=int, default=WINDOW,
+                        help="the model's context window (EVE_CONTEXT_WINDOW); a smaller one reaches eve's own compaction sooner")
+    parser.add_argument("--out", help="the result's name in bench/results/ (default from the options)")
     args = parser.parse_args()
+    WINDOW = args.window
     mcp_listen = f"127.0.0.1:{free_port()}"
-    peer = start_eve(tmpdir(), mcp_listen)
+    peer = start_eve(tmpdir(), mcp_listen, args.eve_version)
+    print(f"eve {peer['EVE_VERSION']} at {peer['EVE_BASE_URL']}", flush=True)
     runs = []
     try:
         for name, parking in (("eve alone", False), ("iva", True)):
@@ -247,7 +289,8 @@ def main() -> None:
             print(f"{name}: {args.turns} turns of {args.chars} characters", flush=True)
             runs.append(asyncio.run(day(name, peer, mcp_listen, turns=args.turns, chars=args.chars, think=args.think,
                                         summary_delay=args.summary_delay, parking=parking,
-                                        ceiling=args.ceiling, tools=args.tools, tool_tokens=args.tool_tokens)))
+                                        ceiling=args.ceiling, tools=args.tools, tool_tokens=args.tool_tokens,
+                                        scripted=args.scripted, eve_version=peer["EVE_VERSION"])))
     finally:
         stop_eve(peer)
     rows = [("metric", *(r["run"] for r in runs))]
@@ -256,13 +299,15 @@ def main() -> None:
                 "of_those_explained_by_the_notice", "messages_that_met_a_compaction_notice",
                 "eve_prompts_the_person_had_to_answer", "parking_turned_off", "wall_s"):
         rows.append((key, *(f"{r[key]:,}".replace(",", " ") if isinstance(r[key], int) else str(r[key]) for r in runs)))
-    result: dict[str, Any] = {"runs": runs}
+    result: dict[str, Any] = {"eve_version": peer["EVE_VERSION"], "runs": runs}
     if len(runs) == 2:
         ratio = runs[1]["total_input_tokens"] / runs[0]["total_input_tokens"]
         result["iva_total_vs_eve_alone"] = round(ratio, 4)
         rows.append(("iva total / eve alone", "", f"{ratio:.1%}"))
     print(table(rows))
-    name = "context" + (f"-ceiling{args.ceiling}" if args.ceiling else "") + (f"-tools{args.tools}" if args.tools else "")
+    name = args.out or ("context" + (f"-ceiling{args.ceiling}" if args.ceiling else "")
+                        + (f"-tools{args.tools}" if args.tools else "") + ("-scripted" if args.scripted else "") + f"-{peer['EVE_VERSION']}"
+                        + (f"-{args.turns}turns" if args.turns != 300 else ""))
     print(f"written to {save(name, result)}")
 
 
