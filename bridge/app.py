@@ -167,8 +167,10 @@ class Bridge:
                 BotCommand(command="compact", description=t("cmd_compact", lang)),
                 BotCommand(command="status", description=t("cmd_status", lang)),
                 BotCommand(command="reminders", description=t("cmd_reminders", lang)),
-                *([BotCommand(command="model", description=t("cmd_model", lang))] if self.settings.models else []),
-                *([BotCommand(command="notes", description=t("cmd_notes", lang))] if self.settings.notes.enabled else []),
+                *([BotCommand(command="model", description=t("cmd_model", lang))]
+                  if self.settings.models else []),
+                *([BotCommand(command="notes", description=t("cmd_notes", lang))]
+                  if self.settings.notes.enabled else []),
                 BotCommand(command="topic", description=t("cmd_topic", lang)),
                 BotCommand(command="invite", description=t("cmd_invite", lang)),
                 BotCommand(command="users", description=t("cmd_users", lang)),
@@ -221,7 +223,8 @@ class Bridge:
             self.spawn(self._commands(bot))
             self.spawn(self._learn_window(client, services.window, services))
             systemd.notify("READY=1", f"STATUS=serving @{me.username}")
-            logger.info("bridge_ready", recovering=recovered, frozen_objects=frozen, mode="polling" if webhook is None else "webhook")
+            logger.info("bridge_ready", recovering=recovered, frozen_objects=frozen,
+                        mode="polling" if webhook is None else "webhook")
             try:
                 async with asyncio.TaskGroup() as group:
                     group.create_task(ingest.run() if webhook is None else webhook.run(), name="ingest")
@@ -265,7 +268,8 @@ class Bridge:
 class Seams:
     """What a test puts in place of a part of the graph (tests/harness.py); the defaults are the
     product's: the state's opener, the pacer's clock and sleep, eve's HTTP transport, the
-    reminders' steady clock, the busy periods' clock, how the bot's session is closed, and whether the listener listens."""
+    reminders' steady clock, the busy periods' clock, how the bot's session is closed, and whether
+    the listener listens."""
 
     open_state: Callable[[Path], Awaitable[OpenedState]] = open_state
     pacer_clock: Callable[[], float] | None = None
@@ -355,7 +359,8 @@ async def open_bridge(settings: Settings, stack: contextlib.AsyncExitStack, *,
     commands = Commands(services, scheduler, reminders)
     ingest = Ingest(services=services, me=me, scheduler=scheduler, commands=commands)
     owner_api = OwnerApi(s.api.token, notebook, store)
-    routes: list[Callable[[web.Application], None]] = [owner_api.routes, PushApi(owner_api.guard, pushes, reminders).routes]
+    routes: list[Callable[[web.Application], None]] = [owner_api.routes,
+                                                        PushApi(owner_api.guard, pushes, reminders).routes]
     if notebook.enabled:  # N8: disabled means no tools at all
         if not s.api.mcp_token:
             logger.warning("mcp_without_token", listen=s.api.listen,

@@ -129,7 +129,8 @@ async def _check_agent(settings: Settings, client: eve.EveClient, problems: list
             problems.append(f"eve: /eve/v1/info failed: {exc}")
         elif settings.compaction.context_window:  # V8
             warnings.append(f"eve: this token cannot read /eve/v1/info ({exc.code or 403}: eve 1.x serves it "
-                            f"to service callers only); the window is IVA_CONTEXT_WINDOW={settings.compaction.context_window}")
+                            "to service callers only); the window is "
+                            f"IVA_CONTEXT_WINDOW={settings.compaction.context_window}")
         else:
             problems.append(f"eve: this token cannot read /eve/v1/info ({exc.code or 403}: eve 1.x serves it "
                             "to service callers only), so the context window is unknown: set "

@@ -35,7 +35,8 @@ class _Metrics:
                               "getUpdates (since start when none yet); /healthz turns 503 above 120. Not updated in "
                               "webhook mode (see iva_telegram_mode)", registry=r)
         # How updates arrive, so an alert can ask the right question of each mode (O1).
-        self.mode = Gauge("iva_telegram_mode", "1 for the way this bridge gets Telegram's updates", ["mode"], registry=r)
+        self.mode = Gauge("iva_telegram_mode", "1 for the way this bridge gets Telegram's updates", ["mode"],
+                          registry=r)
         self.webhook_delivery_age = Gauge("iva_webhook_delivery_age_seconds", "Webhook mode: seconds since Telegram's "
                                           "last delivery was taken (since start when none yet); quiet chats make "
                                           "it grow too", registry=r)

@@ -43,7 +43,8 @@ def _question(raw: Mapping[str, Any]) -> Question | None:
     request_id = raw.get("requestId")
     if not isinstance(request_id, str):
         return None
-    kind = {"tool-approval": "approval", "session-limit": "budget"}.get(str(raw.get("kind")), str(raw.get("kind") or "question"))
+    kind = {"tool-approval": "approval", "session-limit": "budget"}.get(str(raw.get("kind")),
+                                                                       str(raw.get("kind") or "question"))
     return Question(request_id, kind, str(raw.get("prompt") or ""), options(raw.get("options")),
                     bool(raw.get("allowFreeform")))
 
@@ -117,7 +118,8 @@ class Reader26:
                 event = TurnPaused(**base)
             case "input.requested":
                 requests = data.get("requests")
-                parsed = [_question(r) for r in (requests if isinstance(requests, list) else []) if isinstance(r, Mapping)]
+                parsed = [_question(r) for r in (requests if isinstance(requests, list) else [])
+                          if isinstance(r, Mapping)]
                 event = QuestionOpened(**base, questions=tuple(q for q in parsed if q is not None))
             case "input.resolved":
                 resolutions = data.get("resolutions")

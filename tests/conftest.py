@@ -66,7 +66,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if PROCESS_DIR in Path(str(item.path)).parents and item.get_closest_marker("process") is None:
             item.add_marker(pytest.mark.process)
     unmarked = [item.nodeid for item in items
-                if DAEMON_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("process") is None]
+                if DAEMON_FIXTURES & set(getattr(item, "fixturenames", ()))
+                and item.get_closest_marker("process") is None]
     if unmarked:
         raise pytest.UsageError("these tests start the daemon without @pytest.mark.process: " + ", ".join(unmarked))
 

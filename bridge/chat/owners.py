@@ -21,7 +21,8 @@ __all__ = ["own_kind"]
 async def own_kind(queue: DiskQueue, claimed: Sequence[Message], *, owner_turn: bool, claim: str) -> list[Message]:
     """The steer's claimed rows that are of the running turn's kind; the others go back to the
     queue (at its head, in order) for their own turn."""
-    others = [m.id for m in claimed if isinstance(item := decode(m.payload), QueuedMessage) and item.owner != owner_turn]
+    others = [m.id for m in claimed
+              if isinstance(item := decode(m.payload), QueuedMessage) and item.owner != owner_turn]
     if others:
         await queue.nack(others, claim=claim)
     return [m for m in claimed if m.id not in others]

@@ -3,10 +3,11 @@
 After a finished turn the parking handler measures (input tokens of the turn's last step that
 reported usage) and compares with the threshold. A compaction's "after" is the next turn's first
 step that reports usage (seed 004: "«стало» из первого измеренного входа следующего хода"): a
-tool-using turn grows from there with its tool output, which the compaction did not fail to fold. It compacts through eve's own route, holding
-the chat with the same busy status as a turn. A compaction that did not bring the next
-measurement under the threshold disables parking compaction for the rest of the session (C8);
-a failed one backs off before the next try, so a broken summarizer never loops (LESSONS #4).
+tool-using turn grows from there with its tool output, which the compaction did not fail to fold. It
+compacts through eve's own route, holding the chat with the same busy status as a turn. A compaction
+that did not bring the next measurement under the threshold disables parking compaction for the rest
+of the session (C8); a failed one backs off before the next try, so a broken summarizer never loops
+(LESSONS #4).
 """
 
 from __future__ import annotations

@@ -77,7 +77,8 @@ async def resume(s: Services, inbox: Inbox, chat: Chat) -> None:
             # far apart, must not hold the chat for ever); an outage is never counted (R6).
             if tried >= s.settings.eve.send_attempts or (tried and age >= s.settings.eve.send_max_age):
                 logger.error("eve_send_given_up", attempts=tried, age_s=round(age), messages=[m.id for m in inflight])
-                dead = f"eve failed on it {tried}x" + (f" over {round(age)}s" if tried < s.settings.eve.send_attempts else "")
+                dead = f"eve failed on it {tried}x" + (f" over {round(age)}s"
+                                                       if tried < s.settings.eve.send_attempts else "")
                 await end(s, chat.address, chat.claim, Refused(t("eve_server_error", chat.lang), dead=dead))
                 return
             events = page.events if page is not None else []

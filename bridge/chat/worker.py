@@ -241,5 +241,6 @@ class ChatWorker:
             text = t("new_dropped", current.lang, n=dropped) if dropped else t("new_done", current.lang)
             if s.notebook is not None and (kept := await s.notebook.count(self.address)):
                 text += " " + t("new_notes_kept", current.lang, n=kept)  # N8: the notebook outlives /new
-            await s.outbox.say(current, f"new:{self.address}:{current.reset_reply_to}", text, reply_to=current.reset_reply_to)
+            await s.outbox.say(current, f"new:{self.address}:{current.reset_reply_to}", text,
+                               reply_to=current.reset_reply_to)
         logger.info("conversation_reset", dropped=dropped)

@@ -15,8 +15,10 @@ __all__ = [
 ]
 
 DEFAULT_EVE_GRACE = 3.0  # seconds eve may take to start a turn with a message we are unsure it has (F4)
-DEFAULT_SEND_ATTEMPTS = 5  # a message eve answers 5xx (and never started) goes this often, then the person is told (F6)
-DEFAULT_SEND_MAX_AGE = 3600.0  # seconds: a message eve failed on and still fails on this long after it came is given up (F6)
+# a message eve answers 5xx (and never started) goes this often, then the person is told (F6)
+DEFAULT_SEND_ATTEMPTS = 5
+# seconds: a message eve failed on and still fails on this long after it came is given up (F6)
+DEFAULT_SEND_MAX_AGE = 3600.0
 DEFAULT_BUSY_TIMEOUT = 900.0
 DEFAULT_MAX_TURNS = 16
 DEFAULT_BATCH = 10

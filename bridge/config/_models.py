@@ -67,8 +67,8 @@ def read_models(raw: str | None, notes: str | None = None) -> Models:
                             "or digit): it is what people type after /model")
             continue
         if not _MODEL_ID.fullmatch(model_id):
-            problems.append(f"IVA_MODELS: {name}'s model {model_id!r} must be eve's model id (no spaces, commas or '='), "
-                            "e.g. anthropic/claude-sonnet-4.5")
+            problems.append(f"IVA_MODELS: {name}'s model {model_id!r} must be eve's model id "
+                            "(no spaces, commas or '='), e.g. anthropic/claude-sonnet-4.5")
             continue
         try:
             tokens = int(window.strip().replace("_", ""))

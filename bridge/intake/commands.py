@@ -329,7 +329,8 @@ class Commands:
                 captured = None
                 # "I'll say when it's done" only where it will be said: a /compact's compaction (an
                 # automatic one is silent, C11).
-                already = "compact_already" if chat is not None and chat.origin is Origin.MANUAL else "compact_already_auto"
+                already = ("compact_already" if chat is not None and chat.origin is Origin.MANUAL
+                           else "compact_already_auto")
                 if s.requests.outstanding(addr):
                     text = t(already, lang)  # C5: eve has not answered the last request yet
                 elif chat is not None and state_of(chat) is ChatState.RELEASED:

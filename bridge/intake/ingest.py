@@ -268,7 +268,8 @@ class Ingest:
             return "ignored"
         inbound = classify(message, self.me)
         address = inbound.address
-        structlog.contextvars.bind_contextvars(chat_id=address.chat_id, thread_id=address.thread_id, msg_id=message.message_id)
+        structlog.contextvars.bind_contextvars(chat_id=address.chat_id, thread_id=address.thread_id,
+                                               msg_id=message.message_id)
         album = _album_key(message.chat.id, message.media_group_id) if message.media_group_id is not None else None
         if not inbound.addressed and album is not None and \
                 any(row.dedupe_key == album for row in await self.queue.history(album)):
@@ -436,7 +437,8 @@ class Ingest:
     def _received(self, address: Address, message_id: int, chat: Chat | None, notice: bool) -> None:
         """After the commit: the receipt (unless the commit wrote the C3 notice, which it sends), and
         the chat's worker woken."""
-        if not notice and chat is not None and chat.busy and self.settings.chat.turn_policy == "queue" and not chat.waiting_input:
+        if (not notice and chat is not None and chat.busy and self.settings.chat.turn_policy == "queue"
+                and not chat.waiting_input):
             # The receipt comes after the commit, never before: "received, waiting its turn".
             self.spawn(self.sender.react(address.chat_id, message_id, RECEIPT_QUEUED))
         self.wake(str(address))

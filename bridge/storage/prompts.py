@@ -58,7 +58,8 @@ class PromptStore:
 
     async def close_prompts(self, session: str, request_ids: tuple[str, ...] | None = None) -> None:
         if request_ids is None:
-            await self.db.execute("UPDATE prompts SET state = 'closed' WHERE session = ? AND state = 'open'", (session,))
+            await self.db.execute("UPDATE prompts SET state = 'closed' WHERE session = ? AND state = 'open'",
+                                  (session,))
             return
         for request_id in request_ids:
             await self.db.execute(

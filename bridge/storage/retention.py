@@ -3,10 +3,11 @@
 What goes, once it finished before the window: queue rows that are done or dropped (the
 message texts with them, and the dedupe marks of updates handled on the spot), sent or failed
 outbox rows (reply texts, notifications and their keys), closed prompts, done or cancelled
-reminders; a pushed turn's key is its queue row's dedupe key and goes with the row. What stays, whatever its age: every queued or in-flight
-message, every pending reply, every open prompt, and whatever a busy period that is still running
-may read — the queue rows under its claim, the outbox rows written since it began, the prompts of
-its session; and the tables that are state rather than history (chats, the notebook, spend).
+reminders; a pushed turn's key is its queue row's dedupe key and goes with the row. What stays,
+whatever its age: every queued or in-flight message, every pending reply, every open prompt, and
+whatever a busy period that is still running may read — the queue rows under its claim, the outbox
+rows written since it began, the prompts of its session; and the tables that are state rather than
+history (chats, the notebook, spend).
 
 Why that is enough for dedupe and recovery: an update's dedupe mark (``tg:<chat>:<message>``,
 ``cb:<query>``) only has to outlive Telegram's redelivery, and Telegram keeps an unconfirmed

@@ -106,8 +106,8 @@ class Budget:
 
     @classmethod
     def of(cls, settings: Settings) -> Budget:
-        return cls(rate=settings.pacing.rate, chat_burst=settings.pacing.chat_burst, chat_rate=settings.pacing.chat_rate,
-                   group_per_minute=settings.pacing.group_per_minute,
+        return cls(rate=settings.pacing.rate, chat_burst=settings.pacing.chat_burst,
+                   chat_rate=settings.pacing.chat_rate, group_per_minute=settings.pacing.group_per_minute,
                    group_burst=settings.pacing.group_burst, draft_rate=settings.pacing.draft_rate,
                    draft_timeout=settings.pacing.draft_timeout)
 

@@ -47,7 +47,8 @@ _TEXTS: dict[str, dict[Lang, str]] = {
             "/notes — блокнот, который я веду для себя в этом чате (только владельцу)\n"
             "/reminders — напоминания этого чата, чтобы отменить (только владельцу)\n"
             "/topic <название> — открыть ещё один разговор темой этого чата (если темы включены)\n"
-            "/invite, /users — одноразовая ссылка для другого человека; кто может со мной говорить (владельцу, в личке)\n"
+            "/invite, /users — одноразовая ссылка для другого человека; кто может со мной говорить "
+            "(владельцу, в личке)\n"
             "/help — эта справка"
         ),
     },
@@ -102,8 +103,8 @@ _TEXTS: dict[str, dict[Lang, str]] = {
                         "ru": "Сжатие остановлено; разговор остался как был."},
     "stop_compaction_runs_on": {"en": "The conversation is being compacted, which cannot be stopped midway; it takes a "
                                       "moment, and then I answer what you sent meanwhile.",
-                                "ru": "Сейчас разговор сжимается, и это нельзя прервать на середине; это займёт немного "
-                                      "времени, потом я отвечу на то, что вы прислали."},
+                                "ru": "Сейчас разговор сжимается, и это нельзя прервать на середине; это займёт "
+                                      "немного времени, потом я отвечу на то, что вы прислали."},
     "eve_upgraded_cut": {
         "en": ("The assistant was upgraded while answering, so our conversation starts afresh (your notebook "
                "came along). Please repeat your last request."),
@@ -130,8 +131,10 @@ _TEXTS: dict[str, dict[Lang, str]] = {
                          "ru": "Заглянуть в блокнот может только владелец бота."},
     "notes_empty": {"en": "📓 The notebook of this chat is empty.", "ru": "📓 Блокнот этого чата пуст."},
     "notes_header": {
-        "en": "📓 Notebook: {n} note(s), {chars} characters ({mode} mode). Since your last look: {new} new, {changed} changed.",
-        "ru": "📓 Блокнот: заметок {n}, символов {chars} (режим {mode}). С прошлого взгляда: новых {new}, изменённых {changed}.",
+        "en": "📓 Notebook: {n} note(s), {chars} characters ({mode} mode). "
+              "Since your last look: {new} new, {changed} changed.",
+        "ru": "📓 Блокнот: заметок {n}, символов {chars} (режим {mode}). "
+              "С прошлого взгляда: новых {new}, изменённых {changed}.",
     },
     "notes_hint": {"en": "/notes <name> shows a note with its last change.",
                    "ru": "/notes <имя> покажет заметку и её последнее изменение."},

@@ -162,7 +162,8 @@ class OwnerApi:
         body, description, pinned = data.get("body"), data.get("description"), data.get("pinned")
         if not isinstance(body, str):
             return _fail(400, "bad_note", 'Send {"body": "<text>", "description": "<one line>", "pinned": false}.')
-        if (description is not None and not isinstance(description, str)) or (pinned is not None and not isinstance(pinned, bool)):
+        if ((description is not None and not isinstance(description, str))
+                or (pinned is not None and not isinstance(pinned, bool))):
             return _fail(400, "bad_note", "description is text and pinned is true or false.")
         note, created = await self.notebook.save(address, request.match_info["name"], body,
                                                  description=description, pinned=pinned, author="owner")

@@ -630,7 +630,8 @@ async def test_a_file_of_unknown_size_is_held_to_the_cap_as_it_downloads(tmp_pat
         tg.files["big"] = b"x" * (3 * 1024 * 1024 // 2)
         tg.sizeless.add("big")
         await tg.message(None, user_id=OWNER, extra={"caption": "look", "document": {
-            "file_id": "big", "file_unique_id": "big", "file_name": "big.bin", "mime_type": "application/octet-stream"}})
+            "file_id": "big", "file_unique_id": "big", "file_name": "big.bin",
+            "mime_type": "application/octet-stream"}})
         await h.settled()
         assert tg.texts() == ["echo: look [big.bin: larger than the 1 MB limit, not attached]"]
         sent = next(iter(fake_eve.sessions.values())).sends[0]["message"]

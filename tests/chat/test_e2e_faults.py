@@ -338,7 +338,8 @@ async def test_documents_and_photos_go_to_eve_as_file_parts(tg, fake_eve, in_pro
     tg.files["doc1"] = b"quarterly numbers"
     tg.files["ph1"] = b"\xff\xd8\xffJPEGDATA"
     await tg.message(None, user_id=OWNER, extra={"caption": "summarise", "document": {
-        "file_id": "doc1", "file_unique_id": "doc1", "file_name": "q3.txt", "mime_type": "text/plain", "file_size": 17}})
+        "file_id": "doc1", "file_unique_id": "doc1", "file_name": "q3.txt", "mime_type": "text/plain",
+        "file_size": 17}})
     await tg.wait_texts(1)
     assert tg.texts()[0] == "echo: summarise [file: q3.txt (text/plain)]"
     session = next(iter(fake_eve.sessions.values()))

@@ -98,7 +98,8 @@ async def test_a_compaction_cut_by_an_upgrade_is_told_by_the_next_answer(tmp_pat
 
 
 async def test_iva_sessions_lists_the_stranded_chats_and_moves_them(tmp_path: Path, tg: FakeTelegram,
-                                                                   fake_eve: FakeEve, capsys: pytest.CaptureFixture[str]):
+                                                                   fake_eve: FakeEve,
+                                                                   capsys: pytest.CaptureFixture[str]):
     """V5, V8: the daemon records which eve built each session and which eve it talks to now; after
     an upgrade `iva status` says how many chats are stranded, `iva sessions` lists them, and
     `--renew-stranded` moves the idle ones: the next message starts a new session at once (no

@@ -221,7 +221,8 @@ async def test_stop_lets_a_compaction_finish_on_eve_1x(harness: Harness, tg: Fak
     assert state_of(chat) is ChatState.IDLE and chat.compactions == 1 and not chat.stop_wanted
 
 
-@pytest.mark.eve_wire(26)  # eve 0.80 only: a compaction can be cancelled (1.x: test_stop_lets_a_compaction_finish_on_eve_1x)
+# eve 0.80 only: a compaction can be cancelled (1.x: test_stop_lets_a_compaction_finish_on_eve_1x)
+@pytest.mark.eve_wire(26)
 async def test_stop_stops_a_running_compaction(harness: Harness, tg: FakeTelegram, fake_eve: FakeEve):
     """L* (like C4): /stop during a compaction cancels it in eve; the conversation stays as it
     was, the chat is free, and /stop says what it stopped."""

@@ -77,7 +77,8 @@ async def test_no_transcriber_runs_while_a_file_slot_is_held(tmp_path: Path, tg:
     """A recording is heard with every file slot free (before: its turn took a slot, then waited
     on the transcriber inside it, so two slow transcriptions held every turn with files)."""
     script = tmp_path / "transcribe.py"
-    script.write_text(SCRIPT.replace('if mode == "ok":', 'if mode == "slow":\n    time.sleep(1)\n    mode = "ok"\nif mode == "ok":', 1))
+    script.write_text(SCRIPT.replace('if mode == "ok":',
+                                     'if mode == "slow":\n    time.sleep(1)\n    mode = "ok"\nif mode == "ok":', 1))
     record = tmp_path / "record.jsonl"
     h = Harness(tmp_path / "state", tg, fake_eve, IVA_VOICE="command",
                 IVA_TRANSCRIBE_CMD=command(script, "slow", record))

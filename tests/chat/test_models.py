@@ -301,7 +301,8 @@ def test_iva_models_is_read_with_one_clear_line_per_problem() -> None:
         "strong=anthropic/claude-sonnet-4.5:200000)",
         "IVA_MODELS: the name 'Big' must be 1-32 of a-z 0-9 _ - (starting with a letter or digit): it is what "
         "people type after /model",
-        "IVA_MODELS: x's model 'a b' must be eve's model id (no spaces, commas or '='), e.g. anthropic/claude-sonnet-4.5",
+        "IVA_MODELS: x's model 'a b' must be eve's model id (no spaces, commas or '='), "
+        "e.g. anthropic/claude-sonnet-4.5",
         "IVA_MODELS: y's window 'lots' is not a whole number of tokens",
         "IVA_MODELS: z's window 10 must be at least 1000 tokens",
         "IVA_MODELS: the name 'w' is given twice",

@@ -94,7 +94,8 @@ async def test_file_parts_are_accepted(backend):
     """T8 contract: a message of text + file parts is accepted; message.received lists the file, not its bytes."""
     async with eve.EveClient(backend.url, token=backend.token, retry=FAST) as client:
         sid = await client.create_session()
-        await client.send(sid, [{"type": "text", "text": "read this"}, eve.file_part(b"hello file", "text/plain", "a.txt")],
+        await client.send(sid, [{"type": "text", "text": "read this"},
+                                eve.file_part(b"hello file", "text/plain", "a.txt")],
                           turn_policy="queue")
         events = await _until_idle(client, sid)
         taken = next(e for e in events if isinstance(e, eve.InputTaken))

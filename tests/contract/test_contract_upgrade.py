@@ -62,7 +62,8 @@ class Peer:
     def control(self, **values: Any) -> None:
         import urllib.request
 
-        request = urllib.request.Request(f"{self.values['FAKE_LLM_BASE_URL']}/control", data=json.dumps(values).encode(),
+        request = urllib.request.Request(f"{self.values['FAKE_LLM_BASE_URL']}/control",
+                                         data=json.dumps(values).encode(),
                                          headers={"content-type": "application/json"}, method="POST")
         with urllib.request.urlopen(request, timeout=10):
             pass

@@ -8,8 +8,9 @@ Proved here: two chats on two models at once; a switch mid-conversation taking e
 turn; the parking threshold following the chat's model's window (the small window's chat is
 compacted after a turn the big window's chat is not); the notebook rebuild's turn offered no tools
 at all, on the model it was told; the recent exchange of a stranded session, carried in the first
-message's clientContext, given to the model as real turns (V5); headers from a caller without Iva's token never read, and values
-of the wrong shape from Iva's dropped (the default model answers, never a failed turn).
+message's clientContext, given to the model as real turns (V5); headers from a caller without Iva's
+token never read, and values of the wrong shape from Iva's dropped (the default model answers, never
+a failed turn).
 """
 
 from __future__ import annotations
@@ -212,6 +213,7 @@ async def test_the_template_answers_each_chat_on_its_model_and_the_rebuild_with_
     calls = len(template.requests())
     async with httpx.AsyncClient(timeout=10) as http:
         refused = await http.post(f"{template.url}/eve/v1/session", json={"message": "let me in"},
-                                  headers={**rebuild, "x-iva-model": "fake/small", "authorization": "Bearer not-the-token"})
+                                  headers={**rebuild, "x-iva-model": "fake/small",
+                                           "authorization": "Bearer not-the-token"})
     assert refused.status_code == 401
     assert len(template.requests()) == calls

@@ -76,7 +76,8 @@ def _flatten(message: Any) -> str:
     if isinstance(message, str):
         return message
     lines = [p.get("text", "") for p in message if p.get("type") == "text"]
-    lines += [f"[file: {p.get('filename') or 'file'} ({p.get('mediaType')})]" for p in message if p.get("type") == "file"]
+    lines += [f"[file: {p.get('filename') or 'file'} ({p.get('mediaType')})]"
+              for p in message if p.get("type") == "file"]
     return "\n".join(line for line in lines if line)
 
 
@@ -204,7 +205,8 @@ class Projection:
         facts = [_fact("model.settled", data, self._scope)]
         if usage is not None:
             facts.append(_fact("usage.recorded", {"kind": "model", "owner": {"runId": self._run}, "usage": {
-                "cacheReadTokens": usage.get("cacheReadTokens", 0), "cacheWriteTokens": usage.get("cacheWriteTokens", 0),
+                "cacheReadTokens": usage.get("cacheReadTokens", 0),
+                "cacheWriteTokens": usage.get("cacheWriteTokens", 0),
                 "inputTokens": usage.get("inputTokens", 0), "outputTokens": usage.get("outputTokens", 0)}},
                 self._scope))
         self._run = None
@@ -321,7 +323,8 @@ class Projection:
         settled: dict[str, Any] = {"callId": call, "outcome": "completed", "output": result.get("output")}
         if data.get("status") == "failed":
             settled["outcome"] = "failed"
-            settled["error"] = data.get("error") or {"code": "ACTION_RESULT_FAILED", "message": str(result.get("output"))}
+            settled["error"] = data.get("error") or {"code": "ACTION_RESULT_FAILED",
+                                                     "message": str(result.get("output"))}
         self._line(at, _fact("call.settled", settled, self._scope))
 
     def _on_input_requested(self, at: str, data: dict[str, Any], deliveries: list[str], admits: Any) -> None:
@@ -335,8 +338,10 @@ class Projection:
                 options.append({"id": id_, "label": label})
             action = req.get("action") or {}
             if kind == "question" and action.get("callId") in self._calls:
-                self._line(at, _fact("call.started", {"callId": action["callId"]}, self._turn_scope()))  # a workflow tool
-            subject = {"turnId": self._turn} if kind == "budget" or not action.get("callId") else {"callId": action["callId"]}
+                # a workflow tool
+                self._line(at, _fact("call.started", {"callId": action["callId"]}, self._turn_scope()))
+            subject = ({"turnId": self._turn} if kind == "budget" or not action.get("callId")
+                       else {"callId": action["callId"]})
             interaction = str(req.get("requestId"))
             self._open.append(interaction)
             self._line(at, _fact("interaction.opened", {"interactionId": interaction, "request": {
@@ -508,7 +513,8 @@ class FakeSession:
 
 
 class FakeEve:
-    def __init__(self, *, token: str = "eve-test-token", window: int = 128_000, stream_version: int = DEFAULT_VERSION) -> None:
+    def __init__(self, *, token: str = "eve-test-token", window: int = 128_000,
+                 stream_version: int = DEFAULT_VERSION) -> None:
         self.token = token
         self.window = window
         self.stream_version = stream_version  # 26: eve 0.80.1 (PROTOCOL.md); 27: eve 1.0.1 (PROTOCOL-27.md)
@@ -532,8 +538,8 @@ class FakeEve:
         self.failing_texts: set[str] = set()  # a send whose text holds one of these: 500, never taken (F6)
         self.failed_sends = 0
         self.cancel_errors = 0  # the next N cancels answer 500 (and cancel nothing)
-        self.cancel_ignored_while_asking = False
-        self.waiting_after_compaction = 0.0  # seconds between compaction.completed and session.waiting  # an eve whose cancel cannot end a turn waiting on input
+        self.cancel_ignored_while_asking = False  # an eve whose cancel cannot end a turn waiting on input
+        self.waiting_after_compaction = 0.0  # seconds between compaction.completed and session.waiting
         self.tamper: dict[str, dict[str, Any]] = {}  # event type → fields laid over its next emission (F6)
         self.unhealthy = False  # /eve/v1/health answers 503 (eve down behind a proxy)
         self.eve_version: str | None = None  # what /info names (None: 1.0.1 on stream 27, 0.80.1 on 26)
@@ -666,7 +672,8 @@ class FakeEve:
                                                          "toolName": tool}, "status": "completed", "stepIndex": step,
                                               **turn}, deliveries)
         await self._emit(s, "step.completed", {"finishReason": "tool-calls", "stepIndex": step, **turn,
-                                               "usage": {"inputTokens": tokens, "outputTokens": 5, "cacheReadTokens": 0}},
+                                               "usage": {"inputTokens": tokens, "outputTokens": 5,
+                                                         "cacheReadTokens": 0}},
                          deliveries)
         s.usage_in += tokens
 
@@ -976,7 +983,8 @@ class FakeEve:
         return web.json_response({"code": "session_stranded", "error": "This session is no longer available.",
                                   "ok": False, "eveVersion": EVE_VERSION_26}, status=409)
 
-    async def _body27(self, request: web.Request, accepted: tuple[str, ...]) -> tuple[dict[str, Any], web.Response | None]:
+    async def _body27(self, request: web.Request,
+                      accepted: tuple[str, ...]) -> tuple[dict[str, Any], web.Response | None]:
         """The JSON object body (``{}`` when empty), or the 400 eve 1.0.1 gives: bad JSON, unknown fields."""
         raw = await request.read()
         try:
@@ -1159,7 +1167,8 @@ class FakeEve:
                         action = "heartbeat"
                     else:
                         try:
-                            await asyncio.wait_for(self._changed.wait(), min(deadline, last + self.heartbeat_seconds) - now)
+                            await asyncio.wait_for(self._changed.wait(),
+                                                   min(deadline, last + self.heartbeat_seconds) - now)
                         except TimeoutError:
                             pass
                         continue
@@ -1324,12 +1333,14 @@ class FakeEve:
         await self._emit(s, "turn.started", turn, deliveries)
         texts = [item.text]
         await self._emit(s, "message.received", {"message": item.text,
-                                                 "parts": s.parts.get(item.delivery) or [{"text": item.text, "type": "text"}],
+                                                 "parts": s.parts.get(item.delivery)
+                                                 or [{"text": item.text, "type": "text"}],
                                                  **turn}, deliveries)
         step = 0
         try:
             while True:
-                await self._emit(s, "step.started", {"modelId": "fake/fake-model", "stepIndex": step, **turn}, deliveries)
+                await self._emit(s, "step.started", {"modelId": "fake/fake-model", "stepIndex": step, **turn},
+                                 deliveries)
                 clean, marks = _markers(texts[-1])
                 delay = float(marks.get("delay") or 0) + self.step_delay
                 outcome = await self._sleep_or(s, delay) if delay else "timeout"
@@ -1342,7 +1353,8 @@ class FakeEve:
                     steer = s.steer.get_nowait()
                     deliveries.append(steer.delivery)
                     texts.append(steer.text)
-                    await self._emit(s, "step.completed", {"finishReason": "other", "stepIndex": step, **turn}, deliveries)
+                    await self._emit(s, "step.completed", {"finishReason": "other", "stepIndex": step, **turn},
+                                     deliveries)
                     await self._emit(s, "message.received", {"message": steer.text,
                                                              "parts": [{"text": steer.text, "type": "text"}], **turn},
                                      deliveries)
@@ -1361,7 +1373,8 @@ class FakeEve:
                     request: dict[str, Any] = {
                         "requestId": request_id, "kind": kind, "prompt": prompt, "allowFreeform": kind == "question",
                         "options": [{"id": o, "label": o.title()} for o in options],
-                        "action": {"callId": f"call_{seq}", "input": {}, "kind": "tool-call", "toolName": "ask_question"},
+                        "action": {"callId": f"call_{seq}", "input": {}, "kind": "tool-call",
+                                   "toolName": "ask_question"},
                     }
                     if kind == "session-limit":
                         request["options"] = [{"id": "continue", "label": "Approve"}, {"id": "stop", "label": "Stop"}]
@@ -1374,7 +1387,8 @@ class FakeEve:
                     s.asking = True
                     try:
                         answer = asyncio.ensure_future(s.answers.get())
-                        waits = {answer} if self.cancel_ignored_while_asking else {answer, asyncio.ensure_future(s.cancel.wait())}
+                        waits = ({answer} if self.cancel_ignored_while_asking
+                                 else {answer, asyncio.ensure_future(s.cancel.wait())})
                         done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                         for task in pending:
                             task.cancel()
@@ -1406,9 +1420,11 @@ class FakeEve:
                     texts[-1] = f"[[reply=answered: {answer}]]"
                     clean, marks = _markers(texts[-1])
                 if "fail" in marks:
-                    await self._emit(s, "step.failed", {"code": "MODEL_CALL_FAILED", "stepIndex": step, **turn}, deliveries)
+                    await self._emit(s, "step.failed", {"code": "MODEL_CALL_FAILED", "stepIndex": step, **turn},
+                                     deliveries)
                     await self._emit(s, "turn.failed", {"code": "MODEL_CALL_FAILED",
-                                                        "details": {"message": "AI_RetryError: Failed after 3 attempts"},
+                                                        "details": {"message":
+                                                                    "AI_RetryError: Failed after 3 attempts"},
                                                         **turn}, deliveries)
                     return
                 tokens = (int(marks["tokens"]) if marks.get("tokens")

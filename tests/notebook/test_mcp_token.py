@@ -77,7 +77,8 @@ async def test_the_real_eve_with_a_wrong_token_gets_no_tools_and_the_turn_goes_o
                                IVA_MCP_TOKEN="not-what-eve-was-built-with")
     with d.catching_logs():
         await d.start()
-        await tg.message('wt1 [[call=notebook__chat_note_save {"name": "shop", "description": "list", "body": "milk"}]]',
+        await tg.message('wt1 [[call=notebook__chat_note_save '
+                         '{"name": "shop", "description": "list", "body": "milk"}]]',
                          user_id=OWNER)
         await tg.wait_texts(1, timeout=60)
     assert notes(d) == {}

@@ -248,7 +248,8 @@ async def test_notes_asked_in_a_group_go_to_the_owner_in_private(tg, fake_eve, n
     await tg.wait_for(lambda: len(public()) == 2, 20, "the note in the group")
     assert public()[-1] == "I've sent you this chat's notebook in private."
     assert not any("the plan" in text for text in public())
-    tg.fail("sendMessage", 403, "Forbidden: bot can't initiate conversation with a user", times=2)  # the try in the group, then private
+    # the try in the group, then private
+    tg.fail("sendMessage", 403, "Forbidden: bot can't initiate conversation with a user", times=2)
     await tg.message("/notes", user_id=OWNER, chat_id=GROUP, chat_type="supergroup")
     await tg.wait_for(lambda: len(public()) == 3, 20, "the note in the group")
     assert public()[-1].startswith("The notebook is only shown in private")
@@ -296,7 +297,8 @@ async def test_a_big_notebook_is_rebuilt_after_the_reply_with_the_archive_first(
     notes = notes_in_db(nb_in_process, str(OWNER))
     assert notes["goal"]["pinned"] == 1 and notes["goal"]["body"] == "ship it"
     assert notes["all-facts"]["prev_body"] is None
-    rebuild_session = next(s for s in fake_eve.sessions.values() if s.id != nb_in_process.chat(str(OWNER))["eve_session"])
+    rebuild_session = next(s for s in fake_eve.sessions.values()
+                           if s.id != nb_in_process.chat(str(OWNER))["eve_session"])
     await tg.wait_for(lambda: not rebuild_session.active, 20, "the throwaway session reset")
     status, spend = await api(nb_in_process, "GET", f"/v1/chats/{OWNER}/spend")
     assert spend["spend"]["notes"]["calls"] == 1
@@ -383,7 +385,8 @@ async def test_every_write_of_a_turn_is_told_with_its_answer_and_marked_by_notes
     listing = tg.texts()[-1]
     assert "plan 📌 — the plan 📝" in listing and "📝 The last answer changed: plan (pinned), shop (deleted)" in listing
     status, body = await api(nb_in_process, "GET", f"/v1/chats/{OWNER}/notes")
-    assert status == 200 and body["last_turn"] == [{"name": "plan", "change": "pinned"}, {"name": "shop", "change": "deleted"}]
+    assert status == 200 and body["last_turn"] == [{"name": "plan", "change": "pinned"},
+                                                   {"name": "shop", "change": "deleted"}]
     await tg.message("nothing written", user_id=OWNER)
     await tg.wait_texts(6, timeout=30)
     await idle(tg, nb_in_process)

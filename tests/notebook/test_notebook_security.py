@@ -75,7 +75,8 @@ async def test_the_rebuild_sees_the_owners_words_and_replies_never_anyone_elses(
     assert "FRIEND-INJECTION" not in prompt
     # (A reply to the bot carries its quote, "> (replying to you) earlier answer", before the words.)
     assert "owner: owner says OWNER-WORDS" in conversation and "Ann: owner says OWNER-WORDS" in conversation
-    assert any(line.startswith("you: echo: ") and "owner says OWNER-WORDS" in line for line in conversation.splitlines())
+    assert any(line.startswith("you: echo: ") and "owner says OWNER-WORDS" in line
+               for line in conversation.splitlines())
 
 
 async def test_a_tool_call_in_the_rebuild_voids_it_and_keeps_the_old_notebook(tg, fake_eve, nb_in_process):

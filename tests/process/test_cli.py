@@ -46,7 +46,8 @@ async def test_a_state_of_a_newer_iva_is_one_line_and_an_exit_systemd_does_not_r
     state = tmp_path / "state"
     state.mkdir()
     await _state_at(state, f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    code, out = await _run_once(check_env(tg, fake_eve.url, fake_eve.token, IVA_STATE_DIR=str(state), IVA_NOTES_ENABLED="0"))
+    code, out = await _run_once(check_env(tg, fake_eve.url, fake_eve.token, IVA_STATE_DIR=str(state),
+                                          IVA_NOTES_ENABLED="0"))
     assert code == EXIT_SCHEMA_NEWER, out
     assert "Traceback" not in out
     [line] = [x for x in out.splitlines() if "state_schema_newer" in x]
@@ -65,7 +66,8 @@ async def test_another_bots_state_is_refused_in_one_line(tg, fake_eve, tmp_path,
     state = tmp_path / "other"
     state.mkdir()
     await _state_at(state, "INSERT INTO iva_meta (key, value) VALUES ('bot_id', '987654')")
-    code, out = await _run_once(check_env(tg, fake_eve.url, fake_eve.token, IVA_STATE_DIR=str(state), IVA_NOTES_ENABLED="0"))
+    code, out = await _run_once(check_env(tg, fake_eve.url, fake_eve.token, IVA_STATE_DIR=str(state),
+                                          IVA_NOTES_ENABLED="0"))
     assert code == EXIT_OTHER_BOT, out
     assert "Traceback" not in out
     [line] = [x for x in out.splitlines() if "state_of_another_bot" in x]

@@ -136,7 +136,8 @@ def test_the_example_agent_builds_and_serves_info_to_iva_on_eve_1x(tmp_path: Pat
                 pass
             time.sleep(0.1)
         served = (tmp_path / "eve.out").read_text(errors="replace")
-        assert health is not None and health.status_code == 200, f"eve not healthy (exit {server.poll()}):\n{served[-3000:]}"
+        assert health is not None and health.status_code == 200, (
+            f"eve not healthy (exit {server.poll()}):\n{served[-3000:]}")
         assert health.json()["status"] == "ready"
 
         info = httpx.get(f"{url}/eve/v1/info", headers={"authorization": f"Bearer {TOKEN}"}, timeout=10)

@@ -115,7 +115,8 @@ async def test_the_real_eve_sends_the_token_and_fills_the_session_argument_no_sc
     assert seen[0][0]["mcp-protocol-version"] == "2026-07-28" and statuses[0] == ("server/discover", 400)
     assert ("initialize", 200) in statuses and ("tools/call", 200) in statuses
     for _ in range(200):  # the model's next step gets the tool's result
-        answered = [r for r in real_eve.llm_requests() if "sa1" in (r.get("latest_user") or "") and r.get("tool_results")]
+        answered = [r for r in real_eve.llm_requests()
+                    if "sa1" in (r.get("latest_user") or "") and r.get("tool_results")]
         if answered:
             break
         await asyncio.sleep(0.05)

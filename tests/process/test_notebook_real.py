@@ -39,7 +39,8 @@ def client_context(record: dict[str, Any]) -> list[str]:
 
 def notes(d, address: str) -> dict[str, str]:
     with d.db() as conn:
-        return {r["name"]: r["body"] for r in conn.execute("SELECT name, body FROM notes WHERE address = ?", (address,))}
+        return {r["name"]: r["body"]
+                for r in conn.execute("SELECT name, body FROM notes WHERE address = ?", (address,))}
 
 
 async def idle(tg, d, address: str = str(OWNER)) -> None:
@@ -65,7 +66,8 @@ async def test_a_note_saved_by_the_model_rides_the_next_turn_and_survives_compac
     compactions = sum(1 for r in real_eve.llm_requests() if r.get("kind") == "compaction")  # one eve for the session
     await turn(tg, daemon, "nb2 what do I buy [[tokens=120000]]", 3)
     ctx = client_context(requests_for(real_eve, "nb2")[0])
-    assert len(ctx) == 1 and ctx[0].startswith("Client context:\n[state]") and "## shop | shopping list\nmilk, eggs" in ctx[0]
+    assert (len(ctx) == 1 and ctx[0].startswith("Client context:\n[state]")
+            and "## shop | shopping list\nmilk, eggs" in ctx[0])
     # 120 000 is over the parking threshold of a 128 000 window: parking compacts after nb2.
     await tg.wait_for(lambda: daemon.chat(str(OWNER))["compactions"] >= 1, 60, "the parking compaction")
     await idle(tg, daemon)

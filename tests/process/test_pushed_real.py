@@ -28,7 +28,8 @@ from tests.conftest import (
     free_port,
 )
 
-pytestmark = [REAL, pytest.mark.process, pytest.mark.timeout(600)]  # eve's build (with the schedule), then minutes of fires
+# eve's build (with the schedule), then minutes of fires
+pytestmark = [REAL, pytest.mark.process, pytest.mark.timeout(600)]
 
 API_TOKEN = "push-api-token-0123456789"
 MCP_TOKEN = "push-mcp-token-0123456789"

@@ -95,7 +95,8 @@ async def test_corrupt_database_is_quarantined(tg, fake_eve, daemon_factory):
     # A real database with a damaged page fails quick_check the same way.
     shutil.copy(d.state / "iva.sqlite3", d.state / "copy.sqlite3")
     conn = sqlite3.connect(d.state / "iva.sqlite3", isolation_level=None)
-    conn.executemany("INSERT INTO outbox (address, key, chat_id, text, created_at, state) VALUES (?, ?, 1, ?, 0, 'sent')",
+    conn.executemany("INSERT INTO outbox (address, key, chat_id, text, created_at, state) "
+                     "VALUES (?, ?, 1, ?, 0, 'sent')",
                      [("x", f"k{i}", "y" * 500) for i in range(200)])
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()

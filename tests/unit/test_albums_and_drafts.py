@@ -1,4 +1,5 @@
-"""albums.cut: which claimed messages go now — never half an album (issue 14, I3); and the draft ids of live replies (L*)."""
+"""albums.cut: which claimed messages go now — never half an album (issue 14, I3); and the draft ids
+of live replies (L*)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,8 @@ def _modules() -> dict[str, str]:
 
 def test_only_the_transitions_write_a_chats_state() -> None:
     writers = {name for name, text in _modules().items()
-               if name != "storage/chats.py" and re.search(r"\.(update_chat|update_chat_if|touch_chat|block_chat)\(", text)}
+               if name != "storage/chats.py"
+               and re.search(r"\.(update_chat|update_chat_if|touch_chat|block_chat)\(", text)}
     assert writers <= {f"chat/transitions/{part}" for part in ("record.py", "turns.py", "compactions.py")}
     assert writers
 

@@ -23,7 +23,9 @@ async def test_check_passes_when_all_is_well(tg, fake_eve, monkeypatch, capsys):
 
 
 async def test_check_names_a_wrong_telegram_token(tg, fake_eve, monkeypatch, capsys):
-    code, out = await iva_check_in_process(monkeypatch, capsys, check_env(tg, fake_eve.url, fake_eve.token, IVA_TELEGRAM_TOKEN="999:WRONGwrongWRONGwrongWRONG"))
+    code, out = await iva_check_in_process(monkeypatch, capsys,
+                                           check_env(tg, fake_eve.url, fake_eve.token,
+                                                     IVA_TELEGRAM_TOKEN="999:WRONGwrongWRONGwrongWRONG"))
     assert code != 0 and "token was rejected (IVA_TELEGRAM_TOKEN)" in out
 
 
@@ -38,17 +40,20 @@ async def test_check_names_a_wrong_eve_token(tg, fake_eve, monkeypatch, capsys):
 
 
 async def test_check_names_a_bad_variable(tg, fake_eve, monkeypatch, capsys):
-    code, out = await iva_check_in_process(monkeypatch, capsys, check_env(tg, fake_eve.url, fake_eve.token, IVA_TURN_POLICY="sometimes"))
+    code, out = await iva_check_in_process(monkeypatch, capsys,
+                                           check_env(tg, fake_eve.url, fake_eve.token, IVA_TURN_POLICY="sometimes"))
     assert code == 2 and "IVA_TURN_POLICY='sometimes' must be 'queue' or 'immediate'" in out
 
 
 async def test_check_warns_when_parking_would_not_come_before_eves_safety_net(tg, fake_eve, monkeypatch, capsys):
     """C9: a bridge threshold at or above eve's in-turn one (min(75% × window, 137 500)) is warned about."""
-    code, out = await iva_check_in_process(monkeypatch, capsys, check_env(tg, fake_eve.url, fake_eve.token, IVA_COMPACT_PERCENT="80"))
+    code, out = await iva_check_in_process(monkeypatch, capsys,
+                                           check_env(tg, fake_eve.url, fake_eve.token, IVA_COMPACT_PERCENT="80"))
     assert code == 0
     assert "warn the parking threshold 102400 is not below eve's in-turn safety net 96000" in out
     fake_eve.mcp_url = "http://127.0.0.1:8787/mcp"  # the notebook connection where Iva serves it
-    code, out = await iva_check_in_process(monkeypatch, capsys, check_env(tg, fake_eve.url, fake_eve.token, IVA_MCP_TOKEN="mcp-token-1"))
+    code, out = await iva_check_in_process(monkeypatch, capsys,
+                                           check_env(tg, fake_eve.url, fake_eve.token, IVA_MCP_TOKEN="mcp-token-1"))
     assert "warn" not in out
 
 
@@ -78,7 +83,8 @@ async def test_check_warns_when_the_agent_cannot_reach_the_notebook(tg, fake_eve
     fake_eve.mcp_url = "http://127.0.0.1:4999/mcp"
     code, out = await iva_check_in_process(monkeypatch, capsys, check_env(tg, fake_eve.url, fake_eve.token))
     assert "points at http://127.0.0.1:4999/mcp, but Iva serves it at http://127.0.0.1:8787/mcp" in out
-    code, out = await iva_check_in_process(monkeypatch, capsys, check_env(tg, fake_eve.url, fake_eve.token, IVA_NOTES_ENABLED="0"))
+    code, out = await iva_check_in_process(monkeypatch, capsys,
+                                           check_env(tg, fake_eve.url, fake_eve.token, IVA_NOTES_ENABLED="0"))
     assert "notebook" not in out
 
 
@@ -86,7 +92,9 @@ async def test_check_names_the_field_of_a_getme_it_cannot_read(tg, fake_eve, mon
     """Issue 11: a Bot API server (an emulator, a proxy) whose getMe answer aiogram cannot
     validate: one line naming the bad fields, no traceback."""
     tg.garble["getMe"] = 1
-    code, out = await iva_check_in_process(monkeypatch, capsys, check_env(tg, fake_eve.url, fake_eve.token, IVA_MCP_TOKEN="mcp-token-for-check"))
+    code, out = await iva_check_in_process(monkeypatch, capsys,
+                                           check_env(tg, fake_eve.url, fake_eve.token,
+                                                     IVA_MCP_TOKEN="mcp-token-for-check"))
     assert code != 0, out
     assert "Traceback" not in out
     line = next(x for x in out.splitlines() if x.startswith("FAIL telegram"))
@@ -155,8 +163,9 @@ async def test_check_shows_no_traceback_whatever_a_server_answers(kind: str, mon
     else:
         runner, url = await _odd_server(kind)
     try:
-        code, out = await iva_check_in_process(monkeypatch, capsys, {"IVA_TELEGRAM_TOKEN": TOKEN, "IVA_TELEGRAM_API_URL": url, "IVA_EVE_URL": url,
-                                  "IVA_EVE_TOKEN": "x", "IVA_OWNER_IDS": str(OWNER), "IVA_NOTES_ENABLED": "0"})
+        code, out = await iva_check_in_process(monkeypatch, capsys, {
+            "IVA_TELEGRAM_TOKEN": TOKEN, "IVA_TELEGRAM_API_URL": url, "IVA_EVE_URL": url,
+            "IVA_EVE_TOKEN": "x", "IVA_OWNER_IDS": str(OWNER), "IVA_NOTES_ENABLED": "0"})
     finally:
         if runner is not None:
             await runner.cleanup()

@@ -117,7 +117,8 @@ def test_settings_compose_one_frozen_value_object_per_concern_with_its_defaults_
     s = Settings.from_env(GOOD)
     assert s == Settings(telegram=TelegramConfig(GOOD["IVA_TELEGRAM_TOKEN"]), eve=EveConfig("http://127.0.0.1:3000"),
                          people=PeopleConfig(owner_ids=frozenset({1, 2})))
-    assert (s.chat.busy_timeout, s.eve.grace, s.pacing.rate) == (DEFAULT_BUSY_TIMEOUT, DEFAULT_EVE_GRACE, DEFAULT_SEND_RATE)
+    assert (s.chat.busy_timeout, s.eve.grace, s.pacing.rate) == (DEFAULT_BUSY_TIMEOUT, DEFAULT_EVE_GRACE,
+                                                                 DEFAULT_SEND_RATE)
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.chat.busy_timeout = 1.0  # type: ignore[misc]
 

@@ -31,7 +31,8 @@ def test_a_v26_line_is_typed_with_its_position_and_key():
                                  finishReason="stop"), first=41)
     assert isinstance(usage, eve.UsageRecorded) and isinstance(ended, eve.RunEnded)
     assert (usage.position, usage.key, usage.usage) == (eve.Position(41, 0), "evt_7", eve.Usage(120000, 5, None))
-    assert ended.position == eve.Position(41, 1) and ended.after == eve.Position(42, 0) and ended.finish_reason == "stop"
+    assert (ended.position == eve.Position(41, 1) and ended.after == eve.Position(42, 0)
+            and ended.finish_reason == "stop")
     assert usage.position.version == 26
     [began] = _events(_line("turn.started", 8, turnId="turn_0"), first=42)
     assert isinstance(began, eve.TurnBegan) and began.deliveries == ("d1",) and began.turn_id == "turn_0"

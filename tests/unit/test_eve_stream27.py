@@ -205,7 +205,8 @@ def test_narration_an_interrupted_part_and_an_in_turn_compaction() -> None:
                                    trigger={"inputTokens": 120042}, turnId="turn_0")]},
         {"at": "a", "facts": [fact("usage.recorded", {"runId": "run_1", **C0}, kind="model",
                                    usage={"inputTokens": 436, "outputTokens": 11}),
-                              fact("context.settled", C0, changeId="change_0", kind="compaction", outcome="completed")]},
+                              fact("context.settled", C0, changeId="change_0", kind="compaction",
+                                   outcome="completed")]},
         {"at": "a", "facts": [fact("content.completed", R0, kind="text", partId="run_2.0", phase="narration",
                                    value="echo: slow b one", interrupted=True)]},
     ]]

@@ -144,7 +144,8 @@ async def test_a_body_that_is_not_json_is_415_on_mcp_and_the_owner_api(surface):
     assert await surface.notes() == []
     status, body, _ = await surface.rpc(payload, headers={"content-type": "application/json; charset=utf-8"})
     assert status == 200 and body["result"]["isError"] is False
-    async with surface.http.post("/v1/chats/1/notes/seen", headers={"authorization": f"Bearer {API_TOKEN}"}) as response:
+    async with surface.http.post("/v1/chats/1/notes/seen",
+                                 headers={"authorization": f"Bearer {API_TOKEN}"}) as response:
         assert response.status == 200  # no body at all
 
 

@@ -211,7 +211,8 @@ OLD = [
 
 
 def test_a_good_rebuild_keeps_survivors_births_and_marks_merged_notes_new():
-    answer = "## goal | the current goal\nship the notebook\n\n## shop | shopping\nmilk, eggs\n\n## misc | merged\nstuff"
+    answer = ("## goal | the current goal\nship the notebook\n\n## shop | shopping\nmilk, eggs\n\n"
+              "## misc | merged\nstuff")
     result = validate_rebuild(OLD, answer, now=100.0)
     assert result.ok, result.reason
     by = {n.name: n for n in result.notes}
@@ -242,7 +243,8 @@ def test_a_rewritten_pinned_note_is_put_back_verbatim():
 
 
 def test_bad_names_duplicates_and_long_fields_are_cut_and_logged():
-    answer = ("## Shop List | " + "d" * 200 + "\n" + "y" * 2500 + "\n## shop-list | again\nz\n## goal | g\nship the notebook")
+    answer = ("## Shop List | " + "d" * 200 + "\n" + "y" * 2500
+              + "\n## shop-list | again\nz\n## goal | g\nship the notebook")
     result = validate_rebuild([*OLD, Note("big", "b", "q" * 2000)], answer, now=1.0)
     assert result.ok
     first = result.notes[0]
@@ -307,7 +309,8 @@ def test_no_line_of_a_note_passes_for_the_blocks_own_markup(mode, pinned):
         expected.append("## plain | about plain")
     else:
         expected.append("- plain — about plain")
-    expected += ["[window] 60 000 of 100 000 tokens", next(line for line in block.split("\n") if line.startswith("[notes]"))]
+    expected += ["[window] 60 000 of 100 000 tokens",
+                 next(line for line in block.split("\n") if line.startswith("[notes]"))]
     assert _own_lines(block) == expected
     assert "first line\n" in block and "\nlast line" in block  # ordinary lines ride as written
     assert "milk, eggs\n- bread\n  indented" in block or mode == INDEX
@@ -394,7 +397,8 @@ def test_the_pressure_texts_are_configurable_and_the_thresholds_are_not():
     config = notebook_config(Settings.from_env({**base, **texts, **thresholds, "IVA_PRESSURE_AT_PERCENT": "1"}))
     assert config.limits == LIMITS and config.limits == Limits()
     assert window_line(win(60_000), config.texts, config.limits) == (None, {})  # still 40% left: no line
-    assert window_line(win(60_001), config.texts, config.limits)[0] == "W 60 001/100 000 39 999 compaction into a summary"
+    assert (window_line(win(60_001), config.texts, config.limits)[0]
+            == "W 60 001/100 000 39 999 compaction into a summary")
     assert window_line(win(93_000), config.texts, config.limits)[0] == "R 7 000"  # the same 8 000 reserve
     assert window_line(win(95_000, compactions=1, nudged=0), config.texts, config.limits)[0] == "N"
     default = notebook_config(Settings.from_env(base))

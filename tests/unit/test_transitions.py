@@ -69,7 +69,8 @@ async def _compacting_wanted(tr: Transitions) -> None:
     await _turn(tr)
     chat = await _chat(tr)
     assert chat.claim
-    parked = await tr.park(A, chat.claim, cursor=Position(5), measurement=120_000, threshold=THRESHOLD, may_compact=True)
+    parked = await tr.park(A, chat.claim, cursor=Position(5), measurement=120_000, threshold=THRESHOLD,
+                           may_compact=True)
     assert parked.compaction_claim is not None
 
 
@@ -155,9 +156,10 @@ TABLE = [
         lambda c: c.eve_session is None and c.measurement is None),
     Row("delivered", lambda tr, c: tr.delivered(A, claim(c), "d9", {"notes_nudged_upto": 3}), TURNS, None,
         lambda c: "d9" in c.deliveries and c.notes_nudged_upto == 3),
-    Row("advance", lambda tr, c: tr.advance(A, claim(c), Position(40)), TURNS | COMPACTING, None, lambda c: c.cursor == Position(40)),
-    Row("waiting_on_person", lambda tr, c: tr.waiting_on_person(A, claim(c), waiting=True, cursor=Position(41)), TURNS, None,
-        lambda c: c.waiting_input and c.cursor == Position(41)),
+    Row("advance", lambda tr, c: tr.advance(A, claim(c), Position(40)), TURNS | COMPACTING, None,
+        lambda c: c.cursor == Position(40)),
+    Row("waiting_on_person", lambda tr, c: tr.waiting_on_person(A, claim(c), waiting=True, cursor=Position(41)),
+        TURNS, None, lambda c: c.waiting_input and c.cursor == Position(41)),
     Row("in_turn_compacted", lambda tr, c: tr.in_turn_compacted(A, claim(c), Position(42)), TURNS, None,
         lambda c: c.compactions == 1),
     Row("turn_shared", lambda tr, c: tr.turn_shared(A, claim(c)), TURNS, None, lambda c: not c.owner_turn),

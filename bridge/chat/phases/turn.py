@@ -52,7 +52,8 @@ class TurnPhase(Phase):
         # ambiguous send, F4: eve shows the turn it made of it).
         # A paused turn has every delivery so far: eve settled them "awaiting input" at the pause,
         # and what comes while it waits is consumed by it (PROTOCOL-27.md §9).
-        self.pending: set[str] | None = set() if chat.waiting_input else set(chat.deliveries) if chat.deliveries else None
+        self.pending: set[str] | None = (set() if chat.waiting_input
+                                         else set(chat.deliveries) if chat.deliveries else None)
         self.stop = Stop.WANTED if chat.stop_wanted else Stop.NONE
         outstanding = chat.kind is Kind.TURN and chat.compact_phase is CompactPhase.RELEASED
         self.late = Late.OUTSTANDING if outstanding else Late.NONE
@@ -116,7 +117,8 @@ class TurnPhase(Phase):
             chat = await self.p.s.transitions.want_stop(self.p.address)
             if chat is not None:
                 async with self.p.s.store.db.transaction():
-                    await self.p.s.outbox.say(chat, f"budget-given-up:{self.p.owned()}", t("budget_given_up", chat.lang))
+                    await self.p.s.outbox.say(chat, f"budget-given-up:{self.p.owned()}",
+                                              t("budget_given_up", chat.lang))
             await self._stop()
             return None
         if why == "steer":

@@ -147,7 +147,8 @@ class _Turns(_Record):
                 await self._owned(address, claim, ChatState.TURN, ChatState.COMPACTING)
                 raise IllegalTransition(f"{address}: advance did not apply")
 
-    async def waiting_on_person(self, address: str, claim: str, *, waiting: bool, cursor: Position | None = None) -> None:
+    async def waiting_on_person(self, address: str, claim: str, *, waiting: bool,
+                                cursor: Position | None = None) -> None:
         """T5: the turn waits on the person's answer (or no longer does)."""
         async with self.store.db.transaction():
             await self._owned(address, claim, ChatState.TURN)
