@@ -399,7 +399,8 @@ class EveClient:
                 events.clear()
                 async with self._open(session_id, cursor, follow=False, idle=None) as opened:
                     tail, version = opened.tail, opened.version
-                    async for item in self._records(session_id, opened, self._reader(session_id, opened.version)):
+                    async for item in self._records(session_id, opened, self._reader(session_id, opened.version),
+                                                    learn=False):
                         if isinstance(item, Transport):
                             if item.kind == "stream.ended":
                                 break
@@ -466,7 +467,7 @@ class EveClient:
         return _StreamContext(self, session_id, cursor, follow, idle)
 
     async def _records(
-        self, session_id: str, opened: _Opened, reader: Reader26 | Reader27
+        self, session_id: str, opened: _Opened, reader: Reader26 | Reader27, *, learn: bool = True
     ) -> AsyncIterator[Event | Transport]:
         number = opened.first
         async for line in opened.lines:
@@ -488,7 +489,8 @@ class EveClient:
                 continue
             number += 1
             for event in parsed:
-                if isinstance(event, SessionBegan) and implied_stream_version(event.eve_version) == opened.version:
+                if learn and isinstance(event, SessionBegan) and \
+                        implied_stream_version(event.eve_version) == opened.version:
                     # the eve a session was started on, if it is the eve serving it (a session 0.80
                     # started, read on 1.x after an upgrade, says 0.80.1)
                     self.eve_version = event.eve_version

@@ -24,8 +24,8 @@ Inside a state, transitions that move no arrow: ``session_opened``, ``session_dr
 ``send_failed``, ``claim_steer``, ``steer_taken``, ``steer_returned`` (a turn; the last three:
 messages steered into it);
 ``compact_posted``, ``compact_accepted``, ``want_cancel``, ``cancel_sent``, ``notify_compacting`` (a
-compaction); ``want_stop`` (a turn or a compaction: the stop button, /stop); ``built_by``,
-``upgrade_told`` (which eve built the session; an eve upgrade told, V5); ``touch``,
+compaction); ``want_stop`` (a turn or a compaction: the stop button, /stop); ``built_by``
+(which eve built the session, V5); ``touch``,
 ``mark_blocked``, ``bot_removed`` (any state); ``repair_at_start`` (before any worker runs:
 in-flight messages of free chats back to the queue, released watches ended).
 

@@ -166,7 +166,7 @@ async def _carried(s: Services, address: str, policy: eve.TurnPolicy) -> list[di
     """V5: the recent exchange of the session an upgrade stranded, for the new session's first
     message (bridge/chat/carry.py); [] for any other send."""
     chat = await s.store.chat(address)
-    if policy == "steer" or chat is None or chat.eve_session or not chat.upgraded_from:
+    if policy == "steer" or chat is None or not chat.upgraded_from or chat.upgraded_from == chat.eve_session:
         return []
     return await carry.transcript(s.eve, chat.upgraded_from)
 

@@ -126,11 +126,11 @@ async def _lost(s: Services, address: str, claim: str | None, outcome: SessionLo
             await s.outbox.say(chat, f"lost:{chat.claim}", line)
         elif chat.kind is Kind.TURN and inflight:
             lost = "session_lost_after_answer" if answered else "session_lost"
+            key = f"lost:{chat.claim}"
             if outcome.upgraded:
-                lost = "eve_upgraded" if answered else "eve_upgraded_cut"
-                await s.transitions.upgrade_told(address)
-            await s.outbox.say(chat, f"lost:{chat.claim}", t(lost, chat.lang),
-                               reply_to=replied[-1].message_id if replied else None)
+                # keyed as the new session's notice (upgraded:<old session>): one line, not two
+                lost, key = ("eve_upgraded" if answered else "eve_upgraded_cut"), f"upgraded:{chat.eve_session}"
+            await s.outbox.say(chat, key, t(lost, chat.lang), reply_to=replied[-1].message_id if replied else None)
         elif chat.origin is Origin.MANUAL and chat.kind is not Kind.TURN:
             await s.outbox.say(chat, f"compact-again:{chat.claim or chat.eve_session}",
                                t("compact_again", chat.compact_lang or chat.lang),

@@ -65,7 +65,11 @@ async def test_a_cursor_read_on_26_is_never_applied_to_27(tmp_path: Path, tg: Fa
         await tg.message("again", user_id=OWNER)
         await h.settled()
         assert tg.texts()[2:] == ["echo: again"]  # told once: the new session says nothing more
-        assert (await h.chat()).eve_session != old
+        chat = await h.chat()
+        assert chat.eve_session != old and chat.upgraded_from is None
+        # the exchange before the cut came along with the new session's first message (carry.py)
+        first = fake_eve.sessions[chat.eve_session].sends[0]
+        assert {"role": "user", "text": "warm up"} in first["clientContext"]["ivaHistory"]
     finally:
         await h.stop()
 

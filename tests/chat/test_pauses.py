@@ -157,3 +157,26 @@ async def test_a_kind_iva_does_not_know_is_said_and_the_turn_stopped(tmp_path: P
         assert tg.texts(OWNER)[-1] == "echo: next"
     finally:
         await h.stop()
+
+
+async def test_the_owners_continue_goes_past_a_busy_groups_queue(tmp_path: Path, tg: FakeTelegram, fake_eve: FakeEve):
+    """V6: the owner's press is claimed wherever it is in the queue — behind more of the group's
+    messages than one steer takes (IVA_BATCH) — and the messages stay queued, in order."""
+    h = Harness(tmp_path / "state", tg, fake_eve, IVA_BATCH="3")
+    await h.start()
+    where = dict(chat_id=GROUP, chat_type="supergroup", reply_to_bot=True)
+    try:
+        await tg.message(f"group job {BUDGET}", user_id=FRIEND, **where)
+        await tg.wait_texts(1, OWNER)
+        for n in range(6):
+            await tg.message(f"meanwhile {n}", user_id=FRIEND, **where)
+        await h.until(lambda: len(h.observe("SELECT id FROM diskqueue_messages WHERE state = 0")) >= 6, 10,
+                      "the group's messages queued")
+        await tg.press(tg.sent(OWNER)[0], "Continue", user_id=OWNER)
+        await tg.wait_for(lambda: "answered: approve" in tg.texts(GROUP), 20, "the turn continued")
+        await h.settled()
+        later = [t for t in tg.texts(GROUP) if "meanwhile" in t]
+        assert later and all(f"meanwhile {n}" in " ".join(later) for n in range(6))
+        assert tg.texts(GROUP).index("answered: approve") < tg.texts(GROUP).index(later[0])
+    finally:
+        await h.stop()

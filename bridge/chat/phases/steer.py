@@ -61,7 +61,8 @@ async def steer(p: Period, chat: Chat, *, answers_only: bool = False) -> Steered
     """Claim what waits and give it to the running turn. None: nothing went. ``answers_only``:
     the button answers go, messages wait for the next turn (a budget prompt is open, V6)."""
     s, claim = p.s, p.owned()
-    claimed = await s.transitions.claim_steer(p.address, claim, limit=s.settings.chat.batch_size)
+    claimed = await s.transitions.claim_steer(p.address, claim, limit=s.settings.chat.batch_size,
+                                              answers_only=answers_only)
     if claimed is None:
         return None
     if isinstance(claimed, Settling):
@@ -71,9 +72,6 @@ async def steer(p: Period, chat: Chat, *, answers_only: bool = False) -> Steered
     rows = list(claimed.messages)
     answers = [m for m in rows if isinstance(decode(m.payload), InputAnswer)]
     messages = [m for m in rows if m not in answers]
-    if answers_only and messages:
-        await s.transitions.steer_returned(p.address, claim, [m.id for m in messages])
-        messages = []
     taken = 0
     if answers:
         ids = [m.id for m in answers]

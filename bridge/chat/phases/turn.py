@@ -142,6 +142,11 @@ class TurnPhase(Phase):
             # V6: only an owner's button answers a budget prompt (a plain "Approve" in the chat
             # would answer it at eve): what people write meanwhile waits for the next turn.
             steered = await steer.steer(self.p, chat, answers_only=True)
+            if isinstance(steered, steer.Steered) and steered.answers:
+                # the owner answered: eve goes on (or ends the turn); the busy timeout counts from
+                # here as for any turn, and no longer gives the prompt up
+                self.budget = False
+                self.p.moved()
             return steered if isinstance(steered, Ended) else None
         if chat.kind is not Kind.TURN or not (asking or self.p.s.settings.chat.turn_policy == "immediate"):
             return None
@@ -308,6 +313,10 @@ class TurnPhase(Phase):
         if self.pending is not None:
             self.pending.clear()  # eve has them all: the turn ends them when it ends
         await p.s.transitions.waiting_on_person(p.address, claim, waiting=True, cursor=p.cursor)
+        if not self.budget and await p.s.store.owners_prompt_open(p.session):
+            # V6: a budget prompt shown before a restart cut the turn short of its pause
+            self.budget = self.budget_asked = True
+            self.answerable = False
         await p.stop_typing()
         if p.slot is not None:
             p.slot.give_back()  # F5: other chats' turns go on meanwhile

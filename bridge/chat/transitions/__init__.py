@@ -84,7 +84,7 @@ class Transitions(_Turns, _TurnEnds, _Compactions):
             inflight = await self.queue.inflight(address)
             await self.queue.ack([m.id for m in inflight])  # /new: what was in flight is done with
             await self._write(address, _IDLE, _fresh(chat), reset_mark=False, reset_requested=False,
-                              reset_reply_to=None, reset_dropped=0)
+                              reset_reply_to=None, reset_dropped=0, upgraded_from=None)
             return chat
 
     # -- start-up ---------------------------------------------------------------------------

@@ -26,6 +26,9 @@ from .record import (
     steer_claim,
 )
 
+# V6: how far a look for a budget prompt's button answer reaches into the queue (its place behind
+# a busy group's messages)
+ANSWERS_SCAN = 1000
 
 class _Turns(_Record):
     """idle → busy(turn), and every step inside a turn."""
@@ -114,7 +117,7 @@ class _Turns(_Record):
             chat = await self._owned(address, claim, ChatState.TURN)
             if chat.eve_session is not None:
                 raise IllegalTransition(f"{address} has a session already")
-            await self._write(address, eve_session=session, cursor=START, session_eve=eve_version, upgraded_from=None)
+            await self._write(address, eve_session=session, cursor=START, session_eve=eve_version)
             return chat
 
     async def session_dropped(self, address: str, claim: str, *, upgraded: bool = False) -> None:
@@ -135,7 +138,8 @@ class _Turns(_Record):
             known = [*chat.deliveries, delivery_id] if delivery_id else list(chat.deliveries)
             if steered and steer_claim is not None:
                 await self.queue.reassign(steered, claim=steer_claim, to=claim)
-            await self._write(address, deliveries=known, progress_at=self.clock(), **(marks or {}))
+            # V5: eve has the new session's first send (and the exchange carried with it)
+            await self._write(address, deliveries=known, progress_at=self.clock(), upgraded_from=None, **(marks or {}))
 
     async def advance(self, address: str, claim: str, cursor: Position) -> None:
         """The consumer applied eve's events up to ``cursor`` (effects in the caller's transaction).
@@ -169,7 +173,8 @@ class _Turns(_Record):
             await self._owned(address, claim, ChatState.TURN)
             await self._write(address, owner_turn=False)
 
-    async def claim_steer(self, address: str, claim: str, *, limit: int) -> Claim | Settling | None:
+    async def claim_steer(self, address: str, claim: str, *, limit: int,
+                          answers_only: bool = False) -> Claim | Settling | None:
         """busy(turn) → the same, with the next messages claimed for the running turn under the
         steer's own claim (:func:`steer_claim`, F4: until eve has them). Pushed turns stay
         queued (W1: never steered into a turn), and so does a message of the other kind (N1: the
@@ -178,6 +183,13 @@ class _Turns(_Record):
         async with self.store.db.transaction():
             chat = await self._owned(address, claim, ChatState.TURN)
             steer = steer_claim(claim)
+            if answers_only:
+                # V6: a budget prompt is open: the button answers go, wherever they are in the queue
+                # (behind a busy group's messages); the messages stay queued, in order
+                claimed = await self.queue.claim(address, limit=ANSWERS_SCAN, claim=steer)
+                answers = [m for m in claimed if isinstance(decode(m.payload), InputAnswer)]
+                await self.queue.nack([m.id for m in claimed if m not in answers], claim=steer)
+                return Claim(claim=steer, session=chat.eve_session, messages=answers) if answers else None
             claimed = await self.queue.claim(address, limit=limit + albums.LOOKAHEAD, claim=steer)
             claimed = await pushed.unsteered(self.queue, claimed, claim=steer)  # W1: never steered into a turn
             if self.notebook is not None and not await askers.pushed_question(self.queue, chat):
@@ -291,10 +303,6 @@ class _TurnEnds(_Record):
             chat = await self._owned(address, claim, ChatState.TURN, ChatState.COMPACTING)
             if chat.session_eve != eve_version:
                 await self._write(address, session_eve=eve_version)
-
-    async def upgrade_told(self, address: str) -> None:
-        """The person heard that an upgrade restarted the conversation (V5): not again."""
-        await self._write(address, upgraded_from=None)
 
     async def _ack_inflight(self, chat: Chat) -> list[Message]:
         """The turn's messages are done; any other in flight (a steer eve never confirmed, F4)
