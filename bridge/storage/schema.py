@@ -4,11 +4,16 @@ database written by a newer Iva is refused, never touched."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
 from diskqueue import Database
 
 from ..errors import BridgeError
 
-__all__ = ["SCHEMA_VERSION", "OtherBot", "SchemaMismatch", "SchemaTooNew", "claim_bot", "migrate"]
+__all__ = ["SCHEMA_VERSION", "OtherBot", "SchemaMismatch", "SchemaTooNew", "beside_daemon", "claim_bot", "migrate"]
 
 SCHEMA_VERSION = 16
 
@@ -332,3 +337,30 @@ async def claim_bot(db: Database, bot_id: int) -> None:
     stored = int(row[0]) if row is not None else bot_id
     if stored != bot_id:
         raise OtherBot(stored, bot_id)
+
+
+@contextlib.contextmanager
+def beside_daemon(path: Path, *, write: bool = False) -> Iterator[sqlite3.Connection]:
+    """One short transaction on the state database from another process while the daemon may run
+    (the operator's commands): read-only (``mode=ro``, a WAL snapshot, never a lock) or, with
+    ``write``, ``BEGIN IMMEDIATE`` — committed when the block ends, rolled back on any error.
+    Raises :class:`SchemaMismatch` for a schema this Iva does not read (not migrated yet, or newer)."""
+    if write:
+        conn = sqlite3.connect(path, timeout=5.0, isolation_level=None)
+    else:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    try:
+        conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version != SCHEMA_VERSION:
+                raise SchemaMismatch(version)
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    finally:
+        conn.close()

@@ -16,7 +16,7 @@ from typing import Any
 
 from diskqueue import Database, Message
 
-from .schema import SCHEMA_VERSION, SchemaMismatch
+from .schema import beside_daemon
 
 __all__ = ["StatusStore", "clear_dead", "read_status"]
 
@@ -54,23 +54,8 @@ def clear_dead(path: Path) -> int:
     """``iva status --clear-dead``: the given-up messages forgotten (and their warning with them),
     in one short write transaction beside a running daemon. Returns how many. Raises
     :class:`sqlite3.Error`, or :class:`SchemaMismatch` for another Iva's schema."""
-    conn = sqlite3.connect(path, timeout=5.0, isolation_level=None)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version != SCHEMA_VERSION:
-                raise SchemaMismatch(version)
-            cleared = conn.execute("DELETE FROM dead_messages").rowcount
-            conn.execute("COMMIT")
-            return int(cleared)
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-    finally:
-        conn.close()
-
+    with beside_daemon(path, write=True) as conn:
+        return int(conn.execute("DELETE FROM dead_messages").rowcount)
 
 
 def read_status(path: Path, *, now: float | None = None) -> dict[str, Any]:
@@ -116,16 +101,7 @@ class _Snapshot:
 
 def _snapshot(path: Path) -> _Snapshot:
     """One read transaction over what ``iva status`` shows."""
-    uri = f"{path.resolve().as_uri()}?mode=ro"
-    conn = sqlite3.connect(uri, uri=True, timeout=5.0, isolation_level=None)
-    conn.row_factory = sqlite3.Row
-    try:
-        conn.execute("BEGIN")  # deferred: a read snapshot, never a write lock
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version != SCHEMA_VERSION:
-            # Not migrated yet (an upgrade before the daemon's first start) or from a newer Iva:
-            # its columns are not the ones read below.
-            raise SchemaMismatch(version)
+    with beside_daemon(path) as conn:  # a read snapshot, never a write lock
         queue = {r["address"]: (r["queued"], r["inflight"]) for r in conn.execute(
             "SELECT address, sum(state = 0) AS queued, sum(state = 1) AS inflight FROM diskqueue_messages "
             "WHERE state IN (0, 1) GROUP BY address")}
@@ -140,9 +116,6 @@ def _snapshot(path: Path) -> _Snapshot:
         reminders = conn.execute(
             "SELECT r.id, r.address, r.text, r.next_at, coalesce(c.blocked, 1) AS paused FROM reminders r "
             "LEFT JOIN chats c ON c.address = r.address WHERE r.state = 'active' ORDER BY r.next_at").fetchall()
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
     return _Snapshot(queue, outbox, chats, dead, reminders)
 
 

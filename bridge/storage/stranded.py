@@ -22,7 +22,7 @@ from pathlib import Path
 
 import eve_client as eve
 
-from .store import SCHEMA_VERSION, SchemaMismatch
+from .schema import beside_daemon
 
 __all__ = ["Stranded", "read", "renew"]
 
@@ -50,18 +50,11 @@ class Stranded:
 
 def read(path: Path) -> Stranded:
     """Read-only (works while the daemon runs). Raises :class:`sqlite3.Error`, :class:`SchemaMismatch`."""
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0, isolation_level=None)
-    conn.row_factory = sqlite3.Row
-    try:
-        conn.execute("BEGIN")
-        _check(conn)
+    with beside_daemon(path) as conn:
         version, stream = _eve(conn)
         rows = [] if version is None else conn.execute(
             f"SELECT address, eve_session, session_eve, status FROM chats WHERE {_WHERE} ORDER BY address",
             {"eve": version, "stream": stream}).fetchall()
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
     return Stranded(version, stream, tuple(StrandedChat(r["address"], r["eve_session"], r["session_eve"],
                                                         r["status"] == "busy") for r in rows))
 
@@ -70,34 +63,17 @@ def renew(path: Path) -> tuple[int, int]:
     """Every idle chat on a stranded session marked for a new one (the person told at its next
     answer). Returns (moved, left busy). Raises :class:`sqlite3.Error`, :class:`SchemaMismatch`,
     or :class:`LookupError` when the daemon has not yet learned eve's version."""
-    conn = sqlite3.connect(path, timeout=5.0, isolation_level=None)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            _check(conn)
-            version, stream = _eve(conn)
-            if version is None:
-                raise LookupError("the daemon has not learned eve's version yet (start it once with eve up, or "
-                                  "give its token access to /info)")
-            values = {"eve": version, "stream": stream}
-            moved = conn.execute(
-                "UPDATE chats SET reset_mark = 1, upgraded_from = eve_session "
-                f"WHERE status = 'idle' AND {_WHERE}", values).rowcount
-            busy = conn.execute(f"SELECT count(*) FROM chats WHERE status = 'busy' AND {_WHERE}", values).fetchone()[0]
-            conn.execute("COMMIT")
-            return int(moved), int(busy)
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-    finally:
-        conn.close()
-
-
-def _check(conn: sqlite3.Connection) -> None:
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version != SCHEMA_VERSION:
-        raise SchemaMismatch(version)
+    with beside_daemon(path, write=True) as conn:
+        version, stream = _eve(conn)
+        if version is None:
+            raise LookupError("the daemon has not learned eve's version yet (start it once with eve up, or "
+                              "give its token access to /info)")
+        values = {"eve": version, "stream": stream}
+        moved = conn.execute(
+            f"UPDATE chats SET reset_mark = 1, upgraded_from = eve_session WHERE status = 'idle' AND {_WHERE}",
+            values).rowcount
+        busy = conn.execute(f"SELECT count(*) FROM chats WHERE status = 'busy' AND {_WHERE}", values).fetchone()[0]
+    return int(moved), int(busy)
 
 
 def _eve(conn: sqlite3.Connection) -> tuple[str | None, int | None]:
