@@ -90,6 +90,9 @@ async def test_an_eve_schedules_push_is_answered_in_the_chat_once_per_fire(tg, p
     await tg.wait_texts(1, timeout=60)
     await tg.wait_for(lambda: briefs(tg), 150, "a scheduled fire answered")
     first = briefs(tg)[0]
+    # the fire's turn is answered once eve has ended it, a moment after its text shows (on 0.80,
+    # session.waiting comes after the reply): the same fire pushed again is asked about then
+    await tg.wait_for(lambda: (c := daemon.chat(str(OWNER))) is not None and c["status"] == "idle", 60, "idle")
     api = f"http://{pushing_eve.mcp_listen}"
     async with httpx.AsyncClient(base_url=api, headers={"authorization": f"Bearer {API_TOKEN}"}) as client:
         again = await client.post(f"/v1/chats/{OWNER}/turns", json={"text": f"scheduled brief for {first}",
